@@ -1,0 +1,68 @@
+// spillway/error.hpp: the error types and helpers every layer uses.
+//
+// Conventions (see docs/design.md):
+// - OS and io_uring failures are std::system_error carrying the errno; the message names the
+//   call, the path or key, and the size involved.
+// - Bad arguments and configuration are std::invalid_argument with a sentence a user can act
+//   on, raised eagerly (in constructors, at API boundaries).
+// - Inside io/detail the liburing convention (-errno) is kept and converted once here.
+#pragma once
+
+#include <cerrno>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace spillway {
+
+/// Throws std::system_error(err) with "<what>: <call> failed" as its message.
+/// `err` is a positive errno value.
+[[noreturn]] inline void throw_system_error(int err, std::string_view call, std::string_view what) {
+    std::string msg(what);
+    msg += ": ";
+    msg += call;
+    msg += " failed";
+    throw std::system_error(err, std::generic_category(), msg);
+}
+
+/// Converts a liburing-style result (negative errno) into an exception; returns res if >= 0.
+inline long check_neg_errno(long res, std::string_view call, std::string_view what) {
+    if (res < 0) throw_system_error(static_cast<int>(-res), call, what);
+    return res;
+}
+
+/// Throws std::invalid_argument(message) when cond is false.
+inline void expect_argument(bool cond, std::string_view message) {
+    if (!cond) throw std::invalid_argument(std::string(message));
+}
+
+/// Renders a byte count for messages: "4096 bytes".
+inline std::string bytes_str(std::size_t nbytes) { return std::to_string(nbytes) + " bytes"; }
+
+/// Quotes a caller-provided key or name for an error message.
+inline std::string quoted(std::string_view s) {
+    std::string out = "'";
+    out += s;
+    out += "'";
+    return out;
+}
+
+/// Validates a key or file name supplied by a caller: non-empty, at most 255 bytes, no '/',
+/// no NUL, and not "." or "..", so that it can never escape the directory it is placed in.
+/// Throws std::invalid_argument naming the key otherwise.
+inline void validate_key(std::string_view key, std::string_view what = "key") {
+    auto fail = [&](std::string_view why) {
+        throw std::invalid_argument(std::string(what) + " " + quoted(key) + " " + std::string(why));
+    };
+    if (key.empty()) fail("is empty");
+    if (key.size() > 255) fail("is longer than 255 bytes");
+    if (key == "." || key == "..") fail("is a relative directory name ('.' and '..' are refused)");
+    for (char c : key) {
+        if (c == '/') fail("contains '/' (keys may not name paths)");
+        if (c == '\0') fail("contains a NUL byte");
+    }
+}
+
+}  // namespace spillway

@@ -1,0 +1,11 @@
+// spillway/spillway.hpp: the umbrella header; includes every public host header.
+// CUDA pieces (spillway/cuda/) are included separately by code compiled with nvcc.
+#pragma once
+
+#include "spillway/config.hpp"
+#include "spillway/error.hpp"
+#include "spillway/io/aligned_buffer.hpp"
+#include "spillway/io/completion.hpp"
+#include "spillway/tier/host_tier.hpp"
+#include "spillway/tier/storage_tier.hpp"
+#include "spillway/tier/tier_stats.hpp"

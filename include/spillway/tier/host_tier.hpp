@@ -1,0 +1,121 @@
+// spillway/tier/host_tier.hpp: a storage tier in host memory, with a capacity bound.
+//
+// Guarantees: operations complete before they return (the completion is already ready);
+// a write that would take used() past capacity() fails with ENOSPC naming the key, the size
+// and the capacity, and leaves the previous blob of that key in place; reads and writes of
+// different keys run concurrently (copies happen outside the tier's lock); a rewrite builds
+// the new blob first and swaps it in, so a concurrent reader of the old blob is never torn.
+#pragma once
+
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "spillway/error.hpp"
+#include "spillway/tier/storage_tier.hpp"
+
+namespace spillway {
+
+class host_tier {
+public:
+    static constexpr tier_properties properties{.persistent = false, .direct_io = false, .host_accessible = true};
+
+    /// capacity: the most bytes of blobs held at once (unbounded by default).
+    explicit host_tier(std::size_t capacity = std::numeric_limits<std::size_t>::max(), std::string name = "host")
+        : capacity_(capacity), name_(std::move(name)) {}
+    host_tier(const host_tier&) = delete;
+    host_tier& operator=(const host_tier&) = delete;
+
+    io_completion write(std::string_view key, std::span<const std::byte> bytes) {
+        validate_key(key);
+        stats_.begin(io_direction::write);
+        std::exception_ptr error;
+        try {
+            auto blob = std::make_shared<std::vector<std::byte>>(bytes.begin(), bytes.end());
+            std::lock_guard lock(mutex_);
+            auto it = blobs_.find(std::string(key));
+            std::size_t old = it == blobs_.end() ? 0 : it->second->size();
+            if (used_ - old + bytes.size() > capacity_) {
+                throw std::system_error(ENOSPC, std::generic_category(),
+                                        name_ + ": write of key " + quoted(key) + " (" + bytes_str(bytes.size()) +
+                                            ") exceeds the capacity of " + bytes_str(capacity_) + " (" +
+                                            bytes_str(used_) + " used)");
+            }
+            used_ = used_ - old + bytes.size();
+            if (it == blobs_.end()) blobs_.emplace(std::string(key), std::move(blob));
+            else it->second = std::move(blob);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        stats_.end(io_direction::write, bytes.size(), !error);
+        return error ? io_completion::failed(error) : io_completion::completed(bytes.size());
+    }
+
+    io_completion read(std::string_view key, std::span<std::byte> bytes) {
+        validate_key(key);
+        stats_.begin(io_direction::read);
+        std::exception_ptr error;
+        try {
+            std::shared_ptr<const std::vector<std::byte>> blob;
+            {
+                std::lock_guard lock(mutex_);
+                auto it = blobs_.find(std::string(key));
+                if (it == blobs_.end())
+                    throw std::system_error(ENOENT, std::generic_category(),
+                                            name_ + ": read of key " + quoted(key) + ": no such key");
+                blob = it->second;
+            }
+            if (blob->size() != bytes.size())
+                throw std::invalid_argument(name_ + ": read of key " + quoted(key) + " into a buffer of " +
+                                            bytes_str(bytes.size()) + ", but the blob has " + bytes_str(blob->size()));
+            if (!bytes.empty()) std::memcpy(bytes.data(), blob->data(), bytes.size());
+        } catch (...) {
+            error = std::current_exception();
+        }
+        stats_.end(io_direction::read, bytes.size(), !error);
+        return error ? io_completion::failed(error) : io_completion::completed(bytes.size());
+    }
+
+    bool erase(std::string_view key) {
+        validate_key(key);
+        std::lock_guard lock(mutex_);
+        auto it = blobs_.find(std::string(key));
+        if (it == blobs_.end()) return false;
+        used_ -= it->second->size();
+        blobs_.erase(it);
+        return true;
+    }
+    [[nodiscard]] bool contains(std::string_view key) const {
+        std::lock_guard lock(mutex_);
+        return blobs_.contains(std::string(key));
+    }
+    [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const {
+        std::lock_guard lock(mutex_);
+        auto it = blobs_.find(std::string(key));
+        if (it == blobs_.end()) return std::nullopt;
+        return it->second->size();
+    }
+    [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    [[nodiscard]] std::size_t used() const {
+        std::lock_guard lock(mutex_);
+        return used_;
+    }
+    [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+private:
+    std::size_t capacity_;
+    std::string name_;
+    mutable std::mutex mutex_;
+    std::unordered_map<std::string, std::shared_ptr<const std::vector<std::byte>>> blobs_;
+    std::size_t used_ = 0;
+    stats_recorder stats_;
+};
+
+static_assert(storage_tier<host_tier>);
+
+}  // namespace spillway

@@ -1,0 +1,85 @@
+// spillway/tier/tier_stats.hpp: counters every storage tier keeps, and the recorder that
+// maintains them.
+//
+// Guarantees: counters are monotonic over a tier's life; busy time counts wall time during
+// which at least one operation of that direction was in flight (overlapping operations are
+// not double-counted), so bytes / busy seconds is the bandwidth the tier delivered while it
+// worked. stats_recorder is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+
+namespace spillway {
+
+struct tier_stats {
+    std::uint64_t bytes_read = 0;
+    std::uint64_t bytes_written = 0;
+    std::uint64_t reads = 0;         // completed read operations
+    std::uint64_t writes = 0;        // completed write operations
+    std::uint64_t failed_reads = 0;  // read operations that ended in an error
+    std::uint64_t failed_writes = 0;
+    double read_busy_seconds = 0;   // wall time with >= 1 read in flight
+    double write_busy_seconds = 0;  // wall time with >= 1 write in flight
+
+    /// Bytes per second delivered while reads were in flight (0 before any read).
+    [[nodiscard]] double read_bandwidth() const noexcept {
+        return read_busy_seconds > 0 ? static_cast<double>(bytes_read) / read_busy_seconds : 0.0;
+    }
+    [[nodiscard]] double write_bandwidth() const noexcept {
+        return write_busy_seconds > 0 ? static_cast<double>(bytes_written) / write_busy_seconds : 0.0;
+    }
+};
+
+/// The two directions of a transfer.
+enum class io_direction { read, write };
+
+/// Thread-safe bookkeeping behind tier_stats. Call begin() when an operation is issued and
+/// end() exactly once when it completes.
+class stats_recorder {
+public:
+    using clock = std::chrono::steady_clock;
+
+    void begin(io_direction dir) {
+        std::lock_guard lock(mutex_);
+        auto& d = side(dir);
+        if (d.in_flight++ == 0) d.busy_since = clock::now();
+    }
+    void end(io_direction dir, std::uint64_t nbytes, bool ok) {
+        std::lock_guard lock(mutex_);
+        auto& d = side(dir);
+        if (--d.in_flight == 0) d.busy += clock::now() - d.busy_since;
+        if (dir == io_direction::read) {
+            if (ok) { stats_.bytes_read += nbytes; ++stats_.reads; } else { ++stats_.failed_reads; }
+        } else {
+            if (ok) { stats_.bytes_written += nbytes; ++stats_.writes; } else { ++stats_.failed_writes; }
+        }
+    }
+    [[nodiscard]] tier_stats snapshot() const {
+        std::lock_guard lock(mutex_);
+        tier_stats s = stats_;
+        auto now = clock::now();
+        auto busy = [&](const direction& d) {
+            auto t = d.busy;
+            if (d.in_flight > 0) t += now - d.busy_since;
+            return std::chrono::duration<double>(t).count();
+        };
+        s.read_busy_seconds = busy(read_);
+        s.write_busy_seconds = busy(write_);
+        return s;
+    }
+
+private:
+    struct direction {
+        int in_flight = 0;
+        clock::time_point busy_since{};
+        clock::duration busy{};
+    };
+    direction& side(io_direction dir) { return dir == io_direction::read ? read_ : write_; }
+    mutable std::mutex mutex_;
+    tier_stats stats_;
+    direction read_, write_;
+};
+
+}  // namespace spillway
