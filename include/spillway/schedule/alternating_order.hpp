@@ -1,0 +1,122 @@
+// spillway/schedule/alternating_order.hpp: the alternating subgroup order as a C++20 view.
+//
+// MLP-Offload iterates the optimizer's subgroups 0..N-1, then N-1..0, then 0..N-1 again:
+// the subgroups processed last in one iteration are the first ones of the next, so the
+// ones still held in host buffers need neither a write nor a read.
+//
+// Guarantees:
+// - alternating_order(count, iteration, first) is a std::ranges::view (cheap to copy: three
+//   integers), random access, sized and common, whose elements are the subgroup ids
+//   0..count-1, each exactly once: ascending when iteration has the same parity as 0 and
+//   `first` is direction::ascending; the direction flips on every iteration.
+// - count == 0 gives an empty range; count == 1 gives {0} on every iteration.
+// - Works with std::ranges algorithms (find, copy, sort, binary_search with the
+//   matching comparator, reverse views, ...). Elements are std::size_t prvalues.
+// - direction_of(iteration, first) says which way iteration `iteration` goes.
+#pragma once
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <ranges>
+
+namespace spillway {
+
+/// The way one iteration walks the subgroup ids.
+enum class direction { ascending, descending };
+
+/// The direction of iteration `iteration` (0-based) when iteration 0 goes `first`.
+constexpr direction direction_of(std::uint64_t iteration, direction first = direction::ascending) noexcept {
+    bool flip = (iteration % 2) == 1;
+    if (!flip) return first;
+    return first == direction::ascending ? direction::descending : direction::ascending;
+}
+
+/// The other direction.
+constexpr direction reversed(direction d) noexcept {
+    return d == direction::ascending ? direction::descending : direction::ascending;
+}
+
+/// The subgroup ids of one iteration, in the order the update phase visits them.
+class alternating_order : public std::ranges::view_interface<alternating_order> {
+public:
+    class iterator {
+    public:
+        using iterator_concept = std::random_access_iterator_tag;
+        using iterator_category = std::random_access_iterator_tag;
+        using value_type = std::size_t;
+        using difference_type = std::ptrdiff_t;
+        using reference = std::size_t;
+
+        constexpr iterator() noexcept = default;
+        constexpr iterator(std::size_t pos, std::size_t count, direction dir) noexcept
+            : pos_(pos), count_(count), dir_(dir) {}
+
+        constexpr std::size_t operator*() const noexcept {
+            return dir_ == direction::ascending ? pos_ : count_ - 1 - pos_;
+        }
+        constexpr std::size_t operator[](difference_type n) const noexcept { return *(*this + n); }
+
+        constexpr iterator& operator++() noexcept { ++pos_; return *this; }
+        constexpr iterator operator++(int) noexcept { auto t = *this; ++pos_; return t; }
+        constexpr iterator& operator--() noexcept { --pos_; return *this; }
+        constexpr iterator operator--(int) noexcept { auto t = *this; --pos_; return t; }
+        constexpr iterator& operator+=(difference_type n) noexcept {
+            pos_ = static_cast<std::size_t>(static_cast<difference_type>(pos_) + n);
+            return *this;
+        }
+        constexpr iterator& operator-=(difference_type n) noexcept { return *this += -n; }
+        friend constexpr iterator operator+(iterator it, difference_type n) noexcept { return it += n; }
+        friend constexpr iterator operator+(difference_type n, iterator it) noexcept { return it += n; }
+        friend constexpr iterator operator-(iterator it, difference_type n) noexcept { return it -= n; }
+        friend constexpr difference_type operator-(const iterator& a, const iterator& b) noexcept {
+            return static_cast<difference_type>(a.pos_) - static_cast<difference_type>(b.pos_);
+        }
+        friend constexpr bool operator==(const iterator& a, const iterator& b) noexcept { return a.pos_ == b.pos_; }
+        friend constexpr std::strong_ordering operator<=>(const iterator& a, const iterator& b) noexcept {
+            return a.pos_ <=> b.pos_;
+        }
+
+        /// The position within the iteration (0 for the first subgroup visited).
+        [[nodiscard]] constexpr std::size_t position() const noexcept { return pos_; }
+
+    private:
+        std::size_t pos_ = 0;
+        std::size_t count_ = 0;
+        direction dir_ = direction::ascending;
+    };
+
+    constexpr alternating_order() noexcept = default;
+    /// The order of iteration `iteration` (0-based) over `count` subgroups, iteration 0 going
+    /// `first`.
+    constexpr alternating_order(std::size_t count, std::uint64_t iteration,
+                                direction first = direction::ascending) noexcept
+        : count_(count), dir_(direction_of(iteration, first)) {}
+
+    [[nodiscard]] constexpr iterator begin() const noexcept { return {0, count_, dir_}; }
+    [[nodiscard]] constexpr iterator end() const noexcept { return {count_, count_, dir_}; }
+    [[nodiscard]] constexpr std::size_t size() const noexcept { return count_; }
+    /// The direction this iteration walks.
+    [[nodiscard]] constexpr direction walk() const noexcept { return dir_; }
+
+private:
+    std::size_t count_ = 0;
+    direction dir_ = direction::ascending;
+};
+
+/// The fixed ascending order (DeepSpeed's): the same ids every iteration, as the same type.
+constexpr alternating_order ascending_order(std::size_t count) noexcept {
+    return alternating_order(count, 0, direction::ascending);
+}
+
+static_assert(std::ranges::view<alternating_order>);
+static_assert(std::ranges::random_access_range<alternating_order>);
+static_assert(std::ranges::sized_range<alternating_order>);
+static_assert(std::ranges::common_range<alternating_order>);
+static_assert(std::random_access_iterator<alternating_order::iterator>);
+
+}  // namespace spillway
+
+template <>
+inline constexpr bool std::ranges::enable_borrowed_range<spillway::alternating_order> = true;
