@@ -8,6 +8,8 @@
 #include "spillway/io/completion.hpp"
 #include "spillway/lock/lock_policy.hpp"
 #include "spillway/lock/node_lock.hpp"
+#include "spillway/tier/faulty_tier.hpp"
 #include "spillway/tier/host_tier.hpp"
 #include "spillway/tier/storage_tier.hpp"
+#include "spillway/tier/throttled_tier.hpp"
 #include "spillway/tier/tier_stats.hpp"

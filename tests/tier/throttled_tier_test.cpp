@@ -1,0 +1,228 @@
+// throttled_tier specifics: the token bucket's timing, scopes, run-time rate changes,
+// shutdown. The shared tier behaviour is in the conformance suite.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include <spillway/tier/faulty_tier.hpp>
+#include <spillway/tier/host_tier.hpp>
+#include <spillway/tier/throttled_tier.hpp>
+
+#include "support/random_bytes.hpp"
+
+using namespace spillway;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+double seconds_since(clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
+}  // namespace
+
+TEST_CASE("throttled_tier: a large write returns at once but completes no earlier than the bucket allows") {
+    // 1 MiB at 20 MB/s with a 64 KiB burst: (1 MiB - 64 KiB) / 20e6 = 49 ms.
+    throttled_tier<host_tier> tier(throttle_config::joint({20e6, 64 * KiB}));
+    auto data = test::random_bytes(MiB, 1);
+    auto t0 = clock_type::now();
+    auto c = tier.write("k", data);
+    double issue_s = seconds_since(t0);
+    CHECK(issue_s < 0.030);  // the caller is not blocked by the throttle
+    CHECK_FALSE(c.ready());
+    CHECK(c.wait() == MiB);
+    double done_s = seconds_since(t0);
+    CHECK(done_s >= 0.045);
+    // The inner tier already holds the data; only the completion was held back.
+    std::vector<std::byte> back(MiB);
+    tier.inner().read("k", back).wait();
+    CHECK(back == data);
+}
+
+TEST_CASE("throttled_tier: stats report the throttled bandwidth") {
+    constexpr double rate = 40e6;
+    throttled_tier<host_tier> tier(throttle_config::separate({}, {rate, 64 * KiB}));
+    auto data = test::random_bytes(256 * KiB, 2);
+    std::vector<io_completion> in_flight;
+    auto t0 = clock_type::now();
+    for (int i = 0; i < 16; ++i) in_flight.push_back(tier.write("k" + std::to_string(i), data));
+    for (auto& c : in_flight) c.wait();
+    double elapsed = seconds_since(t0);
+    auto s = tier.stats();
+    CHECK(s.writes == 16);
+    CHECK(s.bytes_written == 16 * 256 * KiB);
+    // 4 MiB less the 64 KiB burst at 40 MB/s: at least 0.103 s.
+    CHECK(elapsed >= 0.95 * (4.0 * MiB - 64 * KiB) / rate);
+    INFO("write bandwidth " << s.write_bandwidth() / 1e6 << " MB/s, limit " << rate / 1e6);
+    CHECK(s.write_bandwidth() <= 1.10 * rate);
+    CHECK(s.write_bandwidth() >= 0.50 * rate);  // generous: the machine is shared
+    // The inner tier ran at memory speed.
+    CHECK(tier.inner().stats().write_bandwidth() > 2 * rate);
+}
+
+TEST_CASE("throttled_tier: separate scope leaves reads free while writes are throttled") {
+    throttled_tier<host_tier> tier(throttle_config::separate({}, {2e6, 4 * KiB}));
+    auto data = test::random_bytes(MiB, 3);
+    tier.inner().write("r", data).wait();
+    auto slow = tier.write("w", data);  // about 0.5 s
+    std::vector<std::byte> back(MiB);
+    auto t0 = clock_type::now();
+    tier.read("r", back).wait();
+    CHECK(seconds_since(t0) < 0.2);
+    CHECK(back == data);
+    CHECK_FALSE(slow.ready());
+    tier.set_rate(io_direction::write, {});  // lift the limit: the write finishes promptly
+    t0 = clock_type::now();
+    slow.wait();
+    CHECK(seconds_since(t0) < 0.2);
+}
+
+TEST_CASE("throttled_tier: joint scope makes reads and writes share one budget") {
+    constexpr double rate = 20e6;
+    throttled_tier<host_tier> tier(throttle_config::joint({rate, 64 * KiB}));
+    auto data = test::random_bytes(512 * KiB, 4);
+    tier.inner().write("r", data).wait();
+    std::vector<std::vector<std::byte>> backs(4, std::vector<std::byte>(512 * KiB));
+    std::vector<io_completion> ops;
+    auto t0 = clock_type::now();
+    for (int i = 0; i < 4; ++i) {
+        ops.push_back(tier.write("w" + std::to_string(i), data));
+        ops.push_back(tier.read("r", backs[static_cast<std::size_t>(i)]));
+    }
+    for (auto& c : ops) c.wait();
+    // 4 MiB in all through one 20 MB/s bucket: at least (4 MiB - 64 KiB) / rate = 0.206 s.
+    CHECK(seconds_since(t0) >= 0.95 * (4.0 * MiB - 64 * KiB) / rate);
+    for (auto& b : backs) CHECK(b == data);
+}
+
+TEST_CASE("throttled_tier: set_rate takes effect at once, also for queued operations") {
+    throttled_tier<host_tier> tier(throttle_config::joint({1e6, 4 * KiB}));
+    auto data = test::random_bytes(MiB, 5);
+    auto t0 = clock_type::now();
+    auto c = tier.write("k", data);  // about 1 s at 1 MB/s
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK_FALSE(c.ready());
+    tier.set_rate(bandwidth_limit{1e9, 4 * KiB});
+    c.wait();
+    CHECK(seconds_since(t0) < 0.5);
+
+    // Lowering the rate mid-run slows the operations that follow.
+    tier.set_rate(bandwidth_limit{1e9, 4 * KiB});
+    auto small = test::random_bytes(64 * KiB, 6);
+    t0 = clock_type::now();
+    for (int i = 0; i < 4; ++i) tier.write("a" + std::to_string(i), small).wait();
+    double fast = seconds_since(t0);
+    tier.set_rate(bandwidth_limit{2e6, 4 * KiB});
+    CHECK(tier.config().read.bytes_per_second == 2e6);
+    t0 = clock_type::now();
+    for (int i = 0; i < 4; ++i) tier.write("b" + std::to_string(i), small).wait();
+    double slow = seconds_since(t0);
+    // 4 x 64 KiB at 2 MB/s, less one burst: at least 0.12 s.
+    CHECK(slow >= 0.95 * (4.0 * 64 * KiB - 4 * KiB) / 2e6);
+    CHECK(slow > 5 * fast);
+}
+
+TEST_CASE("throttled_tier: set_rate from another thread while operations are issued") {
+    throttled_tier<host_tier> tier(throttle_config::joint({50e6, 64 * KiB}));
+    auto data = test::random_bytes(32 * KiB, 7);
+    std::atomic<bool> done{false};
+    std::thread changer([&] {
+        double r = 50e6;
+        while (!done.load()) {
+            r = r > 100e6 ? 50e6 : r * 1.5;
+            tier.set_rate(bandwidth_limit{r, 64 * KiB});
+            std::this_thread::sleep_for(std::chrono::microseconds(500));
+        }
+    });
+    std::vector<std::byte> back(data.size());
+    for (int i = 0; i < 64; ++i) {
+        auto key = "k" + std::to_string(i % 8);
+        tier.write(key, data).wait();
+        tier.read(key, back).wait();
+        REQUIRE(back == data);
+    }
+    done = true;
+    changer.join();
+    CHECK(tier.stats().writes == 64);
+    CHECK(tier.stats().reads == 64);
+}
+
+TEST_CASE("throttled_tier: destruction releases queued operations and waits for them") {
+    auto data = test::random_bytes(256 * KiB, 8);
+    std::vector<io_completion> ops;
+    auto t0 = clock_type::now();
+    {
+        throttled_tier<host_tier> tier(throttle_config::joint({1e3, KiB}));  // hours for all of it
+        for (int i = 0; i < 8; ++i) ops.push_back(tier.write("k" + std::to_string(i), data));
+        CHECK_FALSE(ops.back().ready());
+    }
+    CHECK(seconds_since(t0) < 2.0);
+    for (auto& c : ops) {
+        CHECK(c.ready());
+        CHECK(c.wait() == data.size());
+    }
+}
+
+TEST_CASE("throttled_tier: errors of the inner tier pass through and are counted") {
+    throttled_tier<host_tier> tier(throttle_config::joint({100e6, MiB}), std::in_place, 1000, "small");
+    CHECK(tier.name() == "throttled(small)");
+    CHECK(tier.capacity() == 1000);
+    std::vector<std::byte> back(10);
+    try {
+        tier.read("missing", back).wait();
+        FAIL("read of a missing key succeeded");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == ENOENT);
+        CHECK(std::string(e.what()).find("'missing'") != std::string::npos);
+    }
+    auto big = test::random_bytes(2000, 9);
+    CHECK_THROWS_AS(tier.write("big", big).wait(), std::system_error);
+    auto s = tier.stats();
+    CHECK(s.failed_reads == 1);
+    CHECK(s.failed_writes == 1);
+    CHECK(s.reads == 0);
+    CHECK(s.writes == 0);
+}
+
+TEST_CASE("throttled_tier: a bad configuration is refused with a clear message") {
+    using std::invalid_argument;
+    CHECK_THROWS_AS(throttled_tier<host_tier>(throttle_config::joint({0.0, KiB})), invalid_argument);
+    CHECK_THROWS_AS(throttled_tier<host_tier>(throttle_config::joint({-5.0, KiB})), invalid_argument);
+    CHECK_THROWS_AS(throttled_tier<host_tier>(throttle_config::joint({1e6, 0})), invalid_argument);
+    CHECK_THROWS_AS((throttled_tier<host_tier>(throttle_config{throttle_scope::joint, {1e6, KiB}, {2e6, KiB}})),
+                    invalid_argument);
+    try {
+        throttled_tier<host_tier> t(throttle_config::joint({std::nan(""), KiB}));
+        FAIL("NaN rate accepted");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("read rate") != std::string::npos);
+    }
+    throttled_tier<host_tier> joint(throttle_config::joint({1e6, KiB}));
+    CHECK_THROWS_AS(joint.set_rate(io_direction::read, {2e6, KiB}), invalid_argument);
+    CHECK_THROWS_AS(joint.set_rate(throttle_config::separate({}, {})), invalid_argument);
+    CHECK_THROWS_AS(joint.set_rate(bandwidth_limit{0.0, KiB}), invalid_argument);
+    CHECK(joint.config().read.bytes_per_second == 1e6);  // unchanged by the refused calls
+}
+
+TEST_CASE("throttled_tier composes with faulty_tier in either order") {
+    throttled_tier<faulty_tier<host_tier>> a(throttle_config::joint({1e9, MiB}), std::in_place, std::in_place);
+    a.inner().fail_nth(fault_op::write, 1, EIO);
+    auto data = test::random_bytes(100, 10);
+    CHECK_THROWS_AS(a.write("k", data).wait(), std::system_error);
+    a.write("k", data).wait();
+    CHECK(a.size_of("k") == 100u);
+
+    faulty_tier<throttled_tier<host_tier>> b(std::in_place, throttle_config::joint({1e9, MiB}));
+    CHECK(b.name() == "faulty(throttled(host))");
+    b.fail_always(fault_op::read, EIO);
+    b.write("k", data).wait();
+    std::vector<std::byte> back(100);
+    CHECK_THROWS_AS(b.read("k", back).wait(), std::system_error);
+    b.clear_faults();
+    b.read("k", back).wait();
+    CHECK(back == data);
+    CHECK(b.inner().inner().contains("k"));
+}
