@@ -1,0 +1,270 @@
+// The trace recorder: tracks, complete events, thread safety, lanes for overlapping
+// events, a disabled recorder that records nothing, and Chrome trace JSON that parses.
+#include <doctest/doctest.h>
+
+#include <spillway/trace/recorder.hpp>
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <fstream>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+namespace tr = spillway::trace;
+
+namespace {
+
+// A small JSON parser, enough to check the export is well-formed and to read it back.
+struct json_value {
+    enum kind_t { null, boolean, number, string, array, object } kind = null;
+    double num = 0;
+    std::string str;
+    std::vector<json_value> items;
+    std::vector<std::pair<std::string, json_value>> members;
+    const json_value* get(const std::string& k) const {
+        for (auto& [key, v] : members)
+            if (key == k) return &v;
+        return nullptr;
+    }
+};
+
+struct json_parser {
+    std::string_view s;
+    std::size_t i = 0;
+    void ws() {
+        while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    }
+    void expect(char c) {
+        ws();
+        if (i >= s.size() || s[i] != c) throw std::runtime_error("json: expected " + std::string(1, c) + " at " + std::to_string(i));
+        ++i;
+    }
+    std::string parse_string() {
+        expect('"');
+        std::string out;
+        while (true) {
+            if (i >= s.size()) throw std::runtime_error("json: unterminated string");
+            char c = s[i++];
+            if (c == '"') break;
+            if (static_cast<unsigned char>(c) < 0x20) throw std::runtime_error("json: control character in string");
+            if (c == '\\') {
+                char e = s[i++];
+                switch (e) {
+                    case '"': out += '"'; break;
+                    case '\\': out += '\\'; break;
+                    case '/': out += '/'; break;
+                    case 'n': out += '\n'; break;
+                    case 't': out += '\t'; break;
+                    case 'r': out += '\r'; break;
+                    case 'b': out += '\b'; break;
+                    case 'f': out += '\f'; break;
+                    case 'u': out += static_cast<char>(std::stoi(std::string(s.substr(i, 4)), nullptr, 16)); i += 4; break;
+                    default: throw std::runtime_error("json: bad escape");
+                }
+            } else {
+                out += c;
+            }
+        }
+        return out;
+    }
+    json_value parse() {
+        ws();
+        json_value v;
+        if (i >= s.size()) throw std::runtime_error("json: unexpected end");
+        char c = s[i];
+        if (c == '{') {
+            v.kind = json_value::object;
+            ++i;
+            ws();
+            if (s[i] == '}') { ++i; return v; }
+            while (true) {
+                std::string k = parse_string();
+                expect(':');
+                v.members.emplace_back(k, parse());
+                ws();
+                if (s[i] == ',') { ++i; continue; }
+                expect('}');
+                return v;
+            }
+        }
+        if (c == '[') {
+            v.kind = json_value::array;
+            ++i;
+            ws();
+            if (s[i] == ']') { ++i; return v; }
+            while (true) {
+                v.items.push_back(parse());
+                ws();
+                if (s[i] == ',') { ++i; continue; }
+                expect(']');
+                return v;
+            }
+        }
+        if (c == '"') {
+            v.kind = json_value::string;
+            v.str = parse_string();
+            return v;
+        }
+        std::size_t start = i;
+        while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '-' || s[i] == '.' || s[i] == 'e' || s[i] == 'E' || s[i] == '+')) ++i;
+        if (i == start) throw std::runtime_error("json: unexpected character at " + std::to_string(i));
+        v.kind = json_value::number;
+        v.num = std::stod(std::string(s.substr(start, i - start)));
+        return v;
+    }
+    json_value parse_document() {
+        auto v = parse();
+        ws();
+        if (i != s.size()) throw std::runtime_error("json: trailing characters");
+        return v;
+    }
+};
+
+json_value parse_json(const std::string& text) { return json_parser{text}.parse_document(); }
+
+}  // namespace
+
+TEST_CASE("events on named tracks export as Chrome trace JSON") {
+    tr::recorder rec(tr::recording::enabled, "unit \"test\"");
+    auto reads = rec.track("reads");
+    auto compute = rec.track("compute");
+    CHECK(rec.track("reads") == reads);
+    CHECK(reads != compute);
+    auto t0 = tr::clock::now();
+    rec.complete(reads, "read 0", t0, t0 + 100us, "io", {{"bytes", 4096}});
+    rec.complete(compute, "adam\t0", t0 + 100us, t0 + 250us);
+    CHECK(rec.size() == 2);
+
+    auto doc = parse_json(rec.json());
+    REQUIRE(doc.kind == json_value::object);
+    const auto* evs = doc.get("traceEvents");
+    REQUIRE(evs);
+    std::map<double, std::string> thread_names;
+    std::vector<const json_value*> complete;
+    std::string process_name;
+    for (auto& e : evs->items) {
+        std::string ph = e.get("ph")->str;
+        if (ph == "M" && e.get("name")->str == "thread_name") thread_names[e.get("tid")->num] = e.get("args")->get("name")->str;
+        if (ph == "M" && e.get("name")->str == "process_name") process_name = e.get("args")->get("name")->str;
+        if (ph == "X") complete.push_back(&e);
+    }
+    CHECK(process_name == "unit \"test\"");
+    REQUIRE(complete.size() == 2);
+    const json_value* r = complete[0]->get("name")->str == "read 0" ? complete[0] : complete[1];
+    const json_value* c = r == complete[0] ? complete[1] : complete[0];
+    CHECK(thread_names[r->get("tid")->num] == "reads");
+    CHECK(thread_names[c->get("tid")->num] == "compute");
+    CHECK(c->get("name")->str == "adam\t0");
+    CHECK(r->get("cat")->str == "io");
+    CHECK(r->get("args")->get("bytes")->num == 4096);
+    CHECK(r->get("dur")->num == doctest::Approx(100).epsilon(0.001));
+    CHECK(c->get("dur")->num == doctest::Approx(150).epsilon(0.001));
+    CHECK(c->get("ts")->num - r->get("ts")->num == doctest::Approx(100).epsilon(0.001));
+    CHECK(r->get("ts")->num >= 0);
+}
+
+TEST_CASE("overlapping events on one track are split into properly nested lanes") {
+    tr::recorder rec;
+    auto reads = rec.track("reads");
+    auto t0 = tr::clock::now();
+    rec.complete(reads, "a", t0, t0 + 100us);
+    rec.complete(reads, "b", t0 + 50us, t0 + 150us);   // overlaps a partially: new lane
+    rec.complete(reads, "c", t0 + 10us, t0 + 20us);    // nests inside a: lane 1
+    rec.complete(reads, "d", t0 + 200us, t0 + 300us);  // after both: lane 1 again
+    auto doc = parse_json(rec.json());
+    std::map<std::string, double> tid;
+    std::map<double, std::string> lane_name;
+    for (auto& e : doc.get("traceEvents")->items) {
+        if (e.get("ph")->str == "X") tid[e.get("name")->str] = e.get("tid")->num;
+        if (e.get("ph")->str == "M" && e.get("name")->str == "thread_name") lane_name[e.get("tid")->num] = e.get("args")->get("name")->str;
+    }
+    CHECK(tid["a"] == tid["c"]);
+    CHECK(tid["a"] == tid["d"]);
+    CHECK(tid["a"] != tid["b"]);
+    CHECK(lane_name[tid["a"]] == "reads");
+    CHECK(lane_name[tid["b"]] == "reads #2");
+}
+
+TEST_CASE("a disabled recorder records nothing and scoped events are inert") {
+    tr::recorder rec(tr::recording::disabled);
+    auto t = rec.track("writes");
+    auto now = tr::clock::now();
+    rec.complete(t, "x", now, now);
+    { auto s = rec.scope(t, "y"); }
+    { tr::scoped_event s(nullptr, 0, "z"); }
+    CHECK(rec.size() == 0);
+    rec.enable();
+    {
+        auto s = rec.scope(t, "y");
+        std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(rec.size() == 1);
+    auto e = rec.events()[0];
+    CHECK(e.name == "y");
+    CHECK(e.end - e.begin >= 1ms);
+    rec.disable();
+    { auto s = rec.scope(t, "after"); }
+    CHECK(rec.size() == 1);
+    rec.clear();
+    CHECK(rec.size() == 0);
+    CHECK(parse_json(rec.json()).get("traceEvents")->items.size() >= 1);  // metadata stays
+}
+
+TEST_CASE("bad events are refused") {
+    tr::recorder rec;
+    auto t = rec.track("t");
+    auto now = tr::clock::now();
+    CHECK_THROWS_AS(rec.complete(t, "backwards", now, now - 1us), std::invalid_argument);
+    CHECK_THROWS_AS(rec.complete(t + 7, "nowhere", now, now), std::invalid_argument);
+    CHECK(rec.size() == 0);
+}
+
+TEST_CASE("the recorder is thread-safe") {
+    tr::recorder rec;
+    constexpr int threads = 4, per = 500;
+    std::vector<std::thread> ts;
+    for (int k = 0; k < threads; ++k)
+        ts.emplace_back([&, k] {
+            auto t = rec.track("track " + std::to_string(k % 2));
+            for (int i = 0; i < per; ++i) {
+                auto s = rec.scope(t, "e" + std::to_string(i));
+            }
+        });
+    for (auto& t : ts) t.join();
+    CHECK(rec.size() == threads * per);
+    CHECK(rec.tracks().size() == 2);
+    auto doc = parse_json(rec.json());
+    std::size_t x = 0;
+    for (auto& e : doc.get("traceEvents")->items) x += e.get("ph")->str == "X";
+    CHECK(x == threads * per);
+}
+
+TEST_CASE("save writes a 0600 file and names the path on failure") {
+    spillway::test::temp_dir dir("trace");
+    tr::recorder rec;
+    auto t = rec.track("compute");
+    auto now = tr::clock::now();
+    rec.complete(t, "k", now, now + 5us);
+    auto path = dir.path() / "trace.json";
+    rec.save(path);
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text == rec.json());
+    // A path under a regular file cannot be created: ENOTDIR, with the path in the message.
+    auto bad = path / "nested.json";
+    try {
+        rec.save(bad);
+        FAIL("save under a regular file succeeded");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == ENOTDIR);
+        CHECK(std::string(e.what()).find(bad.string()) != std::string::npos);
+    }
+}
