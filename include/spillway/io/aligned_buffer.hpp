@@ -5,7 +5,8 @@
 // padded size are legal; size() is the size the caller asked for. With
 // memory_lock::locked the pages are mlock()ed (pinned in RAM, never swapped) and a failure
 // to lock throws std::system_error naming the size (raise RLIMIT_MEMLOCK or use unlocked).
-// The contents start zeroed.
+// The contents start zeroed (buffer_fill::uninitialized leaves all but the padding as the
+// allocator returned it).
 #pragma once
 
 #include <cerrno>
@@ -38,17 +39,22 @@ inline bool is_aligned(const void* p, std::size_t alignment = default_alignment)
 /// Whether an aligned_buffer pins its pages with mlock().
 enum class memory_lock { unlocked, locked };
 
+/// Whether an aligned_buffer starts zeroed (the default) or with whatever the allocator
+/// returned (for bounce buffers that are overwritten at once).
+enum class buffer_fill { zeroed, uninitialized };
+
 class aligned_buffer {
 public:
     aligned_buffer() = default;
     explicit aligned_buffer(std::size_t nbytes, memory_lock lock = memory_lock::unlocked,
-                            std::size_t alignment = default_alignment)
+                            std::size_t alignment = default_alignment, buffer_fill fill = buffer_fill::zeroed)
         : size_(nbytes), capacity_(align_up(nbytes == 0 ? 1 : nbytes, alignment)), alignment_(alignment) {
         expect_argument(alignment != 0 && (alignment & (alignment - 1)) == 0,
                         "aligned_buffer: alignment " + std::to_string(alignment) + " is not a power of two");
         data_ = static_cast<std::byte*>(std::aligned_alloc(alignment, capacity_));
         if (!data_) throw std::bad_alloc();
-        std::memset(data_, 0, capacity_);
+        if (fill == buffer_fill::zeroed) std::memset(data_, 0, capacity_);
+        else if (capacity_ > size_) std::memset(data_ + size_, 0, capacity_ - size_);  // the padding stays zero
         if (lock == memory_lock::locked) {
             if (::mlock(data_, capacity_) != 0) {
                 int err = errno;

@@ -1,0 +1,456 @@
+// spillway/io/uring_engine.hpp: file I/O through one io_uring ring per engine (liburing),
+// and the run-time probe that says whether io_uring can be used here.
+//
+// uring_probe() works in every build (without liburing it reports "built without liburing");
+// the uring_engine class exists only when SPILLWAY_HAS_LIBURING is 1.
+//
+// Guarantees of uring_engine (the shared contract is in io_engine.hpp):
+// 1. One ring of config.queue_depth entries. A request is split into config.block_size
+//    pieces; at most queue_depth pieces are in the ring at once, across all requests, FIFO.
+// 2. One completion thread per engine reaps the ring. A short transfer or -EAGAIN/-EINTR
+//    resubmits the rest of that piece; end of file during a read is ENODATA; any other
+//    -errno ends the request: its pieces not yet submitted are dropped, those in flight are
+//    awaited, then the callback gets one std::system_error (the -errno stays inside this
+//    header and is converted once, in detail::make_io_error).
+// 3. submit() never blocks on a full ring; it queues. Several threads may submit at once
+//    (submission is serialised by one mutex; reaping needs no lock on the ring).
+// 4. Registration (io_registration): `files` puts each request's fd into a sparse fixed
+//    file table for the request's life (if the table is full the plain fd is used);
+//    `buffers` lets register_buffers() pin caller buffers once, and pieces inside them use
+//    READ_FIXED / WRITE_FIXED.
+// 5. The destructor waits for every request, stops the completion thread, frees the ring.
+#pragma once
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <string>
+
+#include "spillway/config.hpp"
+#include "spillway/io/detail/engine_common.hpp"
+
+#if SPILLWAY_HAS_LIBURING
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <liburing.h>
+#include <sys/uio.h>
+
+#include "spillway/io/completion.hpp"
+#endif
+
+namespace spillway {
+
+/// The outcome of the io_uring probe: available, or why not.
+struct uring_probe_result {
+    bool available = false;
+    std::string reason;  // empty when available
+};
+
+namespace detail {
+
+/// Runs the probe now (uring_probe() caches it). Steps:
+/// 1. built with liburing? 2. SPILLWAY_DISABLE_IO_URING set (non-empty, not "0")?
+/// 3. /proc/sys/kernel/io_uring_disabled == 2? 4. io_uring_queue_init (fails under seccomp,
+/// on old kernels, or when disabled for this user) 5. the opcode probe: NOP, READ, WRITE,
+/// READ_FIXED, WRITE_FIXED 6. one NOP round trip through the ring.
+inline uring_probe_result probe_uring_uncached() {
+#if !SPILLWAY_HAS_LIBURING
+    return {false, "built without liburing (SPILLWAY_WITH_LIBURING=OFF or liburing not found)"};
+#else
+    if (const char* env = std::getenv("SPILLWAY_DISABLE_IO_URING"); env && *env && std::string(env) != "0")
+        return {false, "disabled by the environment (SPILLWAY_DISABLE_IO_URING=" + std::string(env) + ")"};
+    {
+        std::ifstream f("/proc/sys/kernel/io_uring_disabled");
+        int v = 0;
+        if (f >> v && v == 2) return {false, "disabled by the kernel (kernel.io_uring_disabled=2)"};
+    }
+    io_uring ring;
+    int ret = io_uring_queue_init(4, &ring, 0);
+    if (ret < 0)
+        return {false, std::string("io_uring_queue_init failed: ") + std::strerror(-ret) +
+                           " (old kernel, seccomp filter, or kernel.io_uring_disabled)"};
+    uring_probe_result result{true, {}};
+    io_uring_probe* probe = io_uring_get_probe_ring(&ring);
+    if (!probe) {
+        result = {false, "io_uring_get_probe_ring failed (kernel older than 5.6)"};
+    } else {
+        const std::pair<int, const char*> needed[] = {{IORING_OP_NOP, "NOP"},
+                                                      {IORING_OP_READ, "READ"},
+                                                      {IORING_OP_WRITE, "WRITE"},
+                                                      {IORING_OP_READ_FIXED, "READ_FIXED"},
+                                                      {IORING_OP_WRITE_FIXED, "WRITE_FIXED"}};
+        for (auto [op, name] : needed)
+            if (!io_uring_opcode_supported(probe, op)) {
+                result = {false, std::string("the kernel's io_uring lacks the ") + name + " opcode"};
+                break;
+            }
+        io_uring_free_probe(probe);
+    }
+    if (result.available) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        io_uring_prep_nop(sqe);
+        ret = io_uring_submit(&ring);
+        io_uring_cqe* cqe = nullptr;
+        if (ret >= 0) ret = io_uring_wait_cqe(&ring, &cqe);
+        if (ret < 0) result = {false, std::string("io_uring NOP round trip failed: ") + std::strerror(-ret)};
+        else io_uring_cqe_seen(&ring, cqe);
+    }
+    io_uring_queue_exit(&ring);
+    return result;
+#endif
+}
+
+}  // namespace detail
+
+/// Whether io_uring works in this process; computed once, then cached.
+inline const uring_probe_result& uring_probe() {
+    static const uring_probe_result result = detail::probe_uring_uncached();
+    return result;
+}
+
+#if SPILLWAY_HAS_LIBURING
+
+class uring_engine {
+public:
+    /// Throws std::invalid_argument for a bad config, std::system_error when the ring cannot
+    /// be set up (the message carries the probe's reason when the probe failed).
+    explicit uring_engine(io_engine_config config = {}) : config_(std::move(config)) {
+        config_.validate();
+        int ret = io_uring_queue_init(config_.queue_depth, &ring_, 0);
+        if (ret < 0) {
+            const auto& probe = uring_probe();
+            throw_system_error(-ret, "io_uring_queue_init",
+                               "uring_engine with queue depth " + std::to_string(config_.queue_depth) +
+                                   (probe.available ? std::string() : " (probe: " + probe.reason + ")"));
+        }
+        slots_.resize(config_.queue_depth);
+        free_slots_.reserve(config_.queue_depth);
+        for (unsigned i = config_.queue_depth; i-- > 0;) free_slots_.push_back(i);
+        if (registers_files(config_.registration)) {
+            unsigned n = std::max(64u, config_.queue_depth);
+            ret = io_uring_register_files_sparse(&ring_, n);
+            if (ret < 0) {
+                io_uring_queue_exit(&ring_);
+                throw_system_error(-ret, "io_uring_register_files_sparse",
+                                   "uring_engine: a fixed file table of " + std::to_string(n) + " entries");
+            }
+            for (unsigned i = n; i-- > 0;) free_files_.push_back(static_cast<int>(i));
+        }
+        try {
+            reaper_ = std::thread([this] { reap(); });
+        } catch (...) {
+            io_uring_queue_exit(&ring_);
+            throw;
+        }
+    }
+    uring_engine(const uring_engine&) = delete;
+    uring_engine& operator=(const uring_engine&) = delete;
+
+    /// Waits for every request in flight, stops the completion thread, frees the ring.
+    ~uring_engine() {
+        {
+            std::unique_lock lock(mutex_);
+            idle_cv_.wait(lock, [&] { return outstanding_ == 0; });
+            io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+            io_uring_prep_nop(sqe);
+            io_uring_sqe_set_data64(sqe, stop_tag);
+            ++unsubmitted_;
+            submit_locked();
+        }
+        reaper_.join();
+        io_uring_queue_exit(&ring_);
+    }
+
+    [[nodiscard]] static constexpr io_backend backend() noexcept { return io_backend::io_uring; }
+    [[nodiscard]] static constexpr std::string_view backend_name() noexcept { return "io_uring"; }
+    [[nodiscard]] const io_engine_config& config() const noexcept { return config_; }
+    [[nodiscard]] io_engine_counters counters() const noexcept { return counters_.snapshot(); }
+
+    /// Registers `buffers` with the ring once (needs io_registration::buffers or
+    /// files_and_buffers). Pieces that lie inside one of them then use the FIXED opcodes.
+    /// The buffers must outlive the engine. Throws std::logic_error when registration was
+    /// not configured or buffers were registered already, std::system_error when the
+    /// kernel refuses (e.g. RLIMIT_MEMLOCK), naming the count and total size.
+    void register_buffers(std::span<const std::span<std::byte>> buffers) {
+        if (!registers_buffers(config_.registration))
+            throw std::logic_error("uring_engine::register_buffers: the engine was configured without "
+                                   "io_registration::buffers");
+        std::lock_guard lock(mutex_);
+        if (!buffers_.empty()) throw std::logic_error("uring_engine::register_buffers: buffers are registered already");
+        std::vector<iovec> iovs;
+        std::size_t total = 0;
+        for (auto b : buffers) {
+            iovs.push_back({b.data(), b.size()});
+            total += b.size();
+        }
+        int ret = io_uring_register_buffers(&ring_, iovs.data(), static_cast<unsigned>(iovs.size()));
+        if (ret < 0)
+            throw_system_error(-ret, "io_uring_register_buffers",
+                               "uring_engine: " + std::to_string(iovs.size()) + " buffers of " + bytes_str(total) +
+                                   " in all");
+        buffers_ = std::move(iovs);
+    }
+
+    /// Starts `req`; `callback` runs once when it finished, on the completion thread (or on
+    /// the calling thread for an empty request).
+    void submit(const io_request& req, io_callback callback) {
+        detail::check_request(req.op, req.nbytes, req.offset, req.label);
+        if (req.nbytes == 0) {
+            counters_.requests.fetch_add(1, std::memory_order_relaxed);
+            callback(0, nullptr);
+            return;
+        }
+        auto state = std::make_shared<detail::request_state>();
+        state->op = req.op;
+        state->fd = req.fd;
+        state->data = req.data;
+        state->nbytes = req.nbytes;
+        state->offset = req.offset;
+        state->label = std::string(req.label);
+        state->callback = std::move(callback);
+        std::lock_guard lock(mutex_);
+        if (!free_files_.empty()) {
+            int file_slot = free_files_.back();
+            int fd = req.fd;
+            if (io_uring_register_files_update(&ring_, static_cast<unsigned>(file_slot), &fd, 1) == 1) {
+                free_files_.pop_back();
+                state->fixed_file = file_slot;
+            }
+        }
+        ++outstanding_;
+        queue_.push_back(std::move(state));
+        fill_locked();
+        submit_locked();
+    }
+
+    /// Reads buf.size() bytes of `fd` at `offset` into `buf`. Keep `buf` alive until done.
+    io_completion read(int fd, std::span<std::byte> buf, std::uint64_t offset, std::string_view label = {}) {
+        return start({io_op::read, fd, buf.data(), buf.size(), offset, label});
+    }
+    /// Writes `buf` to `fd` at `offset`. Keep `buf` alive and unchanged until done.
+    io_completion write(int fd, std::span<const std::byte> buf, std::uint64_t offset, std::string_view label = {}) {
+        return start({io_op::write, fd, const_cast<std::byte*>(buf.data()), buf.size(), offset, label});
+    }
+
+private:
+    static constexpr std::uint64_t stop_tag = ~std::uint64_t{0};
+
+    struct slot {
+        std::shared_ptr<detail::request_state> req;
+        std::size_t pos = 0;   // piece start within the request
+        std::size_t len = 0;   // piece length
+        std::size_t done = 0;  // bytes of the piece transferred so far
+        int zero_writes = 0;
+    };
+
+    io_completion start(const io_request& req) {
+        completion_source src;
+        auto handle = src.handle();
+        submit(req, [src](std::size_t n, std::exception_ptr err) mutable {
+            if (err) src.fail(std::move(err));
+            else src.succeed(n);
+        });
+        return handle;
+    }
+
+    // Puts the rest of slot `i` into the submission queue. Caller holds mutex_.
+    void prep_locked(unsigned i) {
+        slot& s = slots_[i];
+        auto& r = *s.req;
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (!sqe) {  // cannot happen: the ring has at least queue_depth entries
+            submit_locked();
+            sqe = io_uring_get_sqe(&ring_);
+        }
+        std::byte* p = r.data + s.pos + s.done;
+        auto n = static_cast<unsigned>(s.len - s.done);
+        std::uint64_t off = r.offset + s.pos + s.done;
+        int fd = r.fixed_file >= 0 ? r.fixed_file : r.fd;
+        int buf_index = -1;
+        for (std::size_t b = 0; b < buffers_.size(); ++b) {
+            auto* base = static_cast<std::byte*>(buffers_[b].iov_base);
+            if (p >= base && p + n <= base + buffers_[b].iov_len) {
+                buf_index = static_cast<int>(b);
+                break;
+            }
+        }
+        if (r.op == io_op::read) {
+            if (buf_index >= 0) io_uring_prep_read_fixed(sqe, fd, p, n, off, buf_index);
+            else io_uring_prep_read(sqe, fd, p, n, off);
+        } else {
+            if (buf_index >= 0) io_uring_prep_write_fixed(sqe, fd, p, n, off, buf_index);
+            else io_uring_prep_write(sqe, fd, p, n, off);
+        }
+        if (r.fixed_file >= 0) sqe->flags |= IOSQE_FIXED_FILE;
+        io_uring_sqe_set_data64(sqe, i);
+        ++unsubmitted_;
+    }
+
+    // Hands new pieces to free slots. Caller holds mutex_.
+    void fill_locked() {
+        while (!free_slots_.empty()) {
+            while (!queue_.empty() && !queue_.front()->has_piece()) queue_.pop_front();
+            if (queue_.empty()) return;
+            auto& r = queue_.front();
+            unsigned i = free_slots_.back();
+            free_slots_.pop_back();
+            slot& s = slots_[i];
+            s.req = r;
+            s.pos = r->next;
+            s.len = std::min(config_.block_size, r->nbytes - r->next);
+            s.done = 0;
+            s.zero_writes = 0;
+            r->next += s.len;
+            ++r->pieces_open;
+            if (!r->has_piece()) queue_.pop_front();
+            counters_.pieces.fetch_add(1, std::memory_order_relaxed);
+            counters_.note_in_flight(config_.queue_depth - free_slots_.size());
+            prep_locked(i);
+        }
+    }
+
+    // Submits prepared entries. Caller holds mutex_.
+    void submit_locked() {
+        while (unsubmitted_ > 0) {
+            int ret = io_uring_submit(&ring_);
+            if (ret >= 0) {
+                unsubmitted_ -= std::min<unsigned>(unsubmitted_, static_cast<unsigned>(ret));
+                if (ret == 0) std::this_thread::yield();
+                continue;
+            }
+            if (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY) {
+                std::this_thread::yield();
+                continue;
+            }
+            // The ring itself is broken (EBADF, EFAULT): nothing can complete any more.
+            std::fprintf(stderr, "spillway uring_engine: io_uring_submit failed: %s\n", std::strerror(-ret));
+            std::abort();
+        }
+    }
+
+    // Frees slot i; returns the request if it just finished. Caller holds mutex_.
+    std::shared_ptr<detail::request_state> release_locked(unsigned i) {
+        slot& s = slots_[i];
+        auto r = std::move(s.req);
+        free_slots_.push_back(i);
+        --r->pieces_open;
+        if (!r->finished()) return nullptr;
+        if (r->fixed_file >= 0) {
+            int minus_one = -1;
+            io_uring_register_files_update(&ring_, static_cast<unsigned>(r->fixed_file), &minus_one, 1);
+            free_files_.push_back(r->fixed_file);
+            r->fixed_file = -1;
+        }
+        return r;
+    }
+
+    // Acts on one completion of slot i. Caller holds mutex_.
+    std::shared_ptr<detail::request_state> complete_locked(unsigned i, long res) {
+        slot& s = slots_[i];
+        auto& r = *s.req;
+        std::size_t want = s.len - s.done;
+        if (config_.result_filter) res = config_.result_filter(r.op, res, want);
+        const char* extra = "";
+        if (res == -EAGAIN || res == -EINTR) {
+            counters_.again_retries.fetch_add(1, std::memory_order_relaxed);
+            prep_locked(i);
+            return nullptr;
+        }
+        if (res == 0 && r.op == io_op::write && ++s.zero_writes <= 1000) {
+            prep_locked(i);
+            return nullptr;
+        }
+        if (res == 0) {
+            extra = r.op == io_op::read ? "end of file" : "no progress";
+            res = r.op == io_op::read ? -ENODATA : -EIO;
+        }
+        if (res < 0) {
+            if (!r.error)
+                r.error = detail::make_io_error(static_cast<int>(-res), r.op == io_op::read ? "io_uring read" : "io_uring write",
+                                                r.op, r.label, r.nbytes, r.offset, s.len, r.offset + s.pos, extra);
+            return release_locked(i);
+        }
+        s.done += static_cast<std::size_t>(res);
+        if (s.done < s.len) {
+            counters_.short_retries.fetch_add(1, std::memory_order_relaxed);
+            prep_locked(i);
+            return nullptr;
+        }
+        return release_locked(i);
+    }
+
+    void reap() {
+        std::vector<std::pair<std::uint64_t, long>> batch;
+        std::vector<std::shared_ptr<detail::request_state>> finished;
+        for (bool stop = false; !stop;) {
+            io_uring_cqe* cqe = nullptr;
+            int ret = io_uring_wait_cqe(&ring_, &cqe);
+            if (ret < 0) {
+                if (ret != -EINTR && ret != -EAGAIN) std::this_thread::yield();
+                continue;
+            }
+            batch.clear();
+            unsigned head = 0, count = 0;
+            io_uring_for_each_cqe(&ring_, head, cqe) {
+                batch.emplace_back(io_uring_cqe_get_data64(cqe), static_cast<long>(cqe->res));
+                ++count;
+            }
+            io_uring_cq_advance(&ring_, count);
+            {
+                std::lock_guard lock(mutex_);
+                for (auto [tag, res] : batch) {
+                    if (tag == stop_tag) {
+                        stop = true;
+                        continue;
+                    }
+                    if (auto r = complete_locked(static_cast<unsigned>(tag), res)) finished.push_back(std::move(r));
+                }
+                fill_locked();
+                submit_locked();
+            }
+            for (auto& r : finished) finish(*r);
+            finished.clear();
+        }
+    }
+
+    void finish(detail::request_state& r) {
+        counters_.requests.fetch_add(1, std::memory_order_relaxed);
+        if (r.error) counters_.failures.fetch_add(1, std::memory_order_relaxed);
+        auto cb = std::move(r.callback);
+        try {
+            cb(r.error ? 0 : r.nbytes, r.error);
+        } catch (...) {
+            // A callback must not throw; there is nobody to report to.
+        }
+        std::lock_guard lock(mutex_);
+        if (--outstanding_ == 0) idle_cv_.notify_all();
+    }
+
+    io_engine_config config_;
+    io_uring ring_{};
+    std::mutex mutex_;
+    std::condition_variable idle_cv_;
+    std::deque<std::shared_ptr<detail::request_state>> queue_;
+    std::vector<slot> slots_;
+    std::vector<unsigned> free_slots_;
+    std::vector<int> free_files_;
+    std::vector<iovec> buffers_;
+    unsigned unsubmitted_ = 0;
+    std::size_t outstanding_ = 0;
+    detail::engine_counters counters_;
+    std::thread reaper_;
+};
+
+#endif  // SPILLWAY_HAS_LIBURING
+
+}  // namespace spillway
