@@ -1,0 +1,574 @@
+// examples/mini_gpt/gpt2.cpp: the GPT-2 kernels and the forward/backward passes.
+// Structure learned from llm.c's train_gpt2.c (one function pair per layer type); the matrix
+// products go to OpenBLAS's cblas_sgemm, called on slices of the output from our own thread
+// pool (OpenBLAS itself runs single-threaded, so the split is ours and deterministic).
+#include "gpt2.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <stdexcept>
+
+namespace mini_gpt {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+std::size_t sz(int v) { return static_cast<std::size_t>(v); }
+
+/// Splits [0, count) into blocks of `block` items and runs fn(begin, end) over them in parallel.
+template <class Fn>
+void parallel_blocks(thread_pool& pool, std::size_t count, std::size_t block, Fn&& fn) {
+    std::size_t nblocks = (count + block - 1) / block;
+    pool.parallel_for(nblocks, [&](std::size_t b0, std::size_t b1) {
+        fn(b0 * block, std::min(count, b1 * block));
+    });
+}
+
+/// A deterministic normal generator (splitmix64 + Box-Muller), the same on every platform.
+class normal_rng {
+public:
+    explicit normal_rng(std::uint64_t seed) : state_(seed) {}
+    double uniform() {  // (0, 1)
+        std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        return (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;
+    }
+    float normal(float stddev) {
+        double u1 = uniform(), u2 = uniform();
+        return static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+    }
+
+private:
+    std::uint64_t state_;
+};
+
+}  // namespace
+
+// ---- Config and layout ------------------------------------------------------------------
+
+void gpt2_config::validate() const {
+    auto positive = [](int v, const char* name) {
+        if (v <= 0) throw std::invalid_argument(std::string(name) + " must be positive, got " + std::to_string(v));
+    };
+    positive(max_seq_len, "max_seq_len");
+    positive(vocab_size, "vocab_size");
+    positive(padded_vocab_size, "padded_vocab_size");
+    positive(num_layers, "num_layers");
+    positive(num_heads, "num_heads");
+    positive(channels, "channels");
+    if (padded_vocab_size < vocab_size)
+        throw std::invalid_argument("padded_vocab_size " + std::to_string(padded_vocab_size) +
+                                    " is smaller than vocab_size " + std::to_string(vocab_size));
+    if (channels % num_heads != 0)
+        throw std::invalid_argument("channels " + std::to_string(channels) + " is not divisible by num_heads " +
+                                    std::to_string(num_heads));
+    if (vocab_size > 65536)
+        throw std::invalid_argument("vocab_size " + std::to_string(vocab_size) +
+                                    " does not fit uint16 token files (at most 65536)");
+}
+
+param_layout::param_layout(const gpt2_config& c) {
+    std::size_t Vp = sz(c.padded_vocab_size), C = sz(c.channels), L = sz(c.num_layers), maxT = sz(c.max_seq_len);
+    sizes = {Vp * C,        maxT * C,  L * C,     L * C,         L * 3 * C * C, L * 3 * C,
+             L * C * C,     L * C,     L * C,     L * C,         L * 4 * C * C, L * 4 * C,
+             L * C * 4 * C, L * C,     C,         C};
+    for (int i = 0; i < num_param_tensors; ++i) {
+        offsets[sz(i)] = total;
+        total += sizes[sz(i)];
+    }
+}
+
+param_views::param_views(float* base, const param_layout& layout) {
+    float** fields[num_param_tensors] = {&wte,  &wpe, &ln1w,  &ln1b,   &qkvw,    &qkvb,  &attprojw, &attprojb,
+                                         &ln2w, &ln2b, &fcw,  &fcb,    &fcprojw, &fcprojb, &lnfw,   &lnfb};
+    for (int i = 0; i < num_param_tensors; ++i) *fields[i] = base + layout.offsets[sz(i)];
+}
+
+std::size_t layer_acts::floats(const gpt2_config& c, int B, int T) {
+    std::size_t BT = sz(B) * sz(T), C = sz(c.channels);
+    return 16 * BT * C + 4 * BT + sz(B) * sz(c.num_heads) * sz(T) * sz(T);
+}
+
+layer_acts::layer_acts(float* base, const gpt2_config& c, int B, int T) {
+    std::size_t BT = sz(B) * sz(T), C = sz(c.channels);
+    float* p = base;
+    auto take = [&p](std::size_t n) {
+        float* r = p;
+        p += n;
+        return r;
+    };
+    ln1 = take(BT * C);
+    ln1_mean = take(BT);
+    ln1_rstd = take(BT);
+    qkv = take(3 * BT * C);
+    att = take(sz(B) * sz(c.num_heads) * sz(T) * sz(T));
+    atty = take(BT * C);
+    residual2 = take(BT * C);
+    ln2 = take(BT * C);
+    ln2_mean = take(BT);
+    ln2_rstd = take(BT);
+    fch = take(4 * BT * C);
+    fch_gelu = take(4 * BT * C);
+    residual3 = take(BT * C);
+}
+
+in_memory_store::in_memory_store(int layers, std::size_t block_floats)
+    : blocks_(sz(layers), std::vector<float>(block_floats)), bytes_(sz(layers) * block_floats * sizeof(float)) {}
+
+double flops_per_token(const gpt2_config& c, int T) {
+    double C = c.channels, L = c.num_layers;
+    double n = L * 12.0 * C * C + C * c.padded_vocab_size;  // matmul params incl. the LM head
+    return 6.0 * n + 12.0 * L * T * C;
+}
+
+// ---- Kernels ------------------------------------------------------------------------------
+
+void encoder_forward(thread_pool& pool, float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
+                     int C) {
+    pool.parallel_for(sz(B) * sz(T), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            std::size_t t = r % sz(T);
+            const float* we = wte + sz(inp[r]) * sz(C);
+            const float* pe = wpe + t * sz(C);
+            float* o = out + r * sz(C);
+            for (int i = 0; i < C; ++i) o[i] = we[i] + pe[i];
+        }
+    });
+}
+
+void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                      int C) {
+    // Parallel over channels, so each gradient element is summed by one thread in token order.
+    parallel_blocks(pool, sz(C), 16, [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t r = 0; r < sz(B) * sz(T); ++r) {
+            std::size_t t = r % sz(T);
+            const float* d = dout + r * sz(C);
+            float* we = dwte + sz(inp[r]) * sz(C);
+            float* pe = dwpe + t * sz(C);
+            for (std::size_t i = c0; i < c1; ++i) {
+                we[i] += d[i];
+                pe[i] += d[i];
+            }
+        }
+    });
+}
+
+void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+    constexpr float eps = 1e-5f;
+    pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            const float* x = inp + r * sz(C);
+            float m = 0;
+            for (int i = 0; i < C; ++i) m += x[i];
+            m /= static_cast<float>(C);
+            float v = 0;
+            for (int i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
+            v /= static_cast<float>(C);
+            float s = 1.0f / std::sqrt(v + eps);
+            float* o = out + r * sz(C);
+            for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+            mean[r] = m;
+            rstd[r] = s;
+        }
+    }, 4);
+}
+
+void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) {
+    // 1. dinp, row by row.
+    pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            const float* x = inp + r * sz(C);
+            const float* d = dout + r * sz(C);
+            float m = mean[r], s = rstd[r];
+            float dnorm_mean = 0, dnorm_norm_mean = 0;
+            for (int i = 0; i < C; ++i) {
+                float norm = (x[i] - m) * s;
+                float dnorm = weight[i] * d[i];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+            }
+            dnorm_mean /= static_cast<float>(C);
+            dnorm_norm_mean /= static_cast<float>(C);
+            float* di = dinp + r * sz(C);
+            for (int i = 0; i < C; ++i) {
+                float norm = (x[i] - m) * s;
+                float dnorm = weight[i] * d[i];
+                di[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
+        }
+    }, 4);
+    // 2. dweight and dbias, channel by channel (each summed over rows by one thread).
+    parallel_blocks(pool, sz(C), 16, [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t r = 0; r < sz(N); ++r) {
+            const float* x = inp + r * sz(C);
+            const float* d = dout + r * sz(C);
+            float m = mean[r], s = rstd[r];
+            for (std::size_t i = c0; i < c1; ++i) {
+                dweight[i] += d[i] * ((x[i] - m) * s);
+                dbias[i] += d[i];
+            }
+        }
+    });
+}
+
+void matmul_forward(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+    auto add_bias = [&](std::size_t n0, std::size_t n1, std::size_t o0, std::size_t o1) {
+        if (!bias) return;
+        for (std::size_t n = n0; n < n1; ++n)
+            for (std::size_t o = o0; o < o1; ++o) out[n * sz(OC) + o] += bias[o];
+    };
+    if (OC >= N) {  // slices of output columns: out[:, o0:o1] = inp @ weight[o0:o1]^T
+        parallel_blocks(pool, sz(OC), 64, [&](std::size_t o0, std::size_t o1) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, static_cast<int>(o1 - o0), C, 1.0f, inp, C,
+                        weight + o0 * sz(C), C, 0.0f, out + o0, OC);
+            add_bias(0, sz(N), o0, o1);
+        });
+    } else {  // slices of output rows
+        parallel_blocks(pool, sz(N), 16, [&](std::size_t n0, std::size_t n1) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n1 - n0), OC, C, 1.0f,
+                        inp + n0 * sz(C), C, weight, C, 0.0f, out + n0 * sz(OC), OC);
+            add_bias(n0, n1, 0, sz(OC));
+        });
+    }
+}
+
+void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC) {
+    // 1. dinp (N,C) = dout (N,OC) @ weight (OC,C), split over the larger output dimension.
+    if (N >= C) {
+        parallel_blocks(pool, sz(N), 16, [&](std::size_t n0, std::size_t n1) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n1 - n0), C, OC, 1.0f,
+                        dout + n0 * sz(OC), OC, weight, C, 0.0f, dinp + n0 * sz(C), C);
+        });
+    } else {
+        parallel_blocks(pool, sz(C), 64, [&](std::size_t c0, std::size_t c1) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, static_cast<int>(c1 - c0), OC, 1.0f, dout, OC,
+                        weight + c0, C, 0.0f, dinp + c0, C);
+        });
+    }
+    // 2. dweight (OC,C) += dout^T (OC,N) @ inp (N,C), and dbias (OC) += column sums of dout.
+    parallel_blocks(pool, sz(OC), 64, [&](std::size_t o0, std::size_t o1) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(o1 - o0), C, N, 1.0f, dout + o0, OC,
+                    inp, C, 1.0f, dweight + o0 * sz(C), C);
+        if (dbias) {
+            for (std::size_t n = 0; n < sz(N); ++n) {
+                const float* d = dout + n * sz(OC);
+                for (std::size_t o = o0; o < o1; ++o) dbias[o] += d[o];
+            }
+        }
+    });
+}
+
+void attention_forward(thread_pool& pool, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    // qkv (B,T,3C) holds q, k, v side by side; head h uses channels [h*hs, (h+1)*hs) of each.
+    std::size_t hs = sz(C / NH), C3 = 3 * sz(C);
+    float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    pool.parallel_for(sz(B) * sz(NH) * sz(T), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            std::size_t t = r % sz(T), h = (r / sz(T)) % sz(NH), b = r / (sz(T) * sz(NH));
+            const float* q = qkv + (b * sz(T) + t) * C3 + h * hs;
+            float* a = att + r * sz(T);  // att (b,h,t,:)
+            float maxv = -INFINITY;
+            for (std::size_t t2 = 0; t2 <= t; ++t2) {
+                const float* k = qkv + (b * sz(T) + t2) * C3 + sz(C) + h * hs;
+                float dot = 0;
+                for (std::size_t i = 0; i < hs; ++i) dot += q[i] * k[i];
+                a[t2] = dot * scale;
+                maxv = std::max(maxv, a[t2]);
+            }
+            float sum = 0;
+            for (std::size_t t2 = 0; t2 <= t; ++t2) {
+                a[t2] = std::exp(a[t2] - maxv);
+                sum += a[t2];
+            }
+            float inv = 1.0f / sum;
+            for (std::size_t t2 = 0; t2 < sz(T); ++t2) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
+            float* o = out + (b * sz(T) + t) * sz(C) + h * hs;
+            for (std::size_t i = 0; i < hs; ++i) o[i] = 0;
+            for (std::size_t t2 = 0; t2 <= t; ++t2) {
+                const float* v = qkv + (b * sz(T) + t2) * C3 + 2 * sz(C) + h * hs;
+                for (std::size_t i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
+            }
+        }
+    }, 8);
+}
+
+void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+    std::size_t hs = sz(C / NH), C3 = 3 * sz(C);
+    float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    // One task per (b, h): it owns dq, dk, dv of that head, so no two tasks write the same float.
+    pool.parallel_for(sz(B) * sz(NH), [&](std::size_t p0, std::size_t p1) {
+        for (std::size_t p = p0; p < p1; ++p) {
+            std::size_t b = p / sz(NH), h = p % sz(NH);
+            for (std::size_t t = 0; t < sz(T); ++t) {
+                float* dh = dqkv + (b * sz(T) + t) * C3 + h * hs;
+                std::fill(dh, dh + hs, 0.0f);
+                std::fill(dh + sz(C), dh + sz(C) + hs, 0.0f);
+                std::fill(dh + 2 * sz(C), dh + 2 * sz(C) + hs, 0.0f);
+            }
+            for (std::size_t t = 0; t < sz(T); ++t) {
+                const float* a = att + (p * sz(T) + t) * sz(T);
+                float* da = datt + (p * sz(T) + t) * sz(T);
+                const float* d = dout + (b * sz(T) + t) * sz(C) + h * hs;
+                const float* q = qkv + (b * sz(T) + t) * C3 + h * hs;
+                float* dq = dqkv + (b * sz(T) + t) * C3 + h * hs;
+                // out = sum_t2 att[t2] v[t2]: datt[t2] = d . v[t2], dv[t2] += att[t2] d
+                for (std::size_t t2 = 0; t2 <= t; ++t2) {
+                    const float* v = qkv + (b * sz(T) + t2) * C3 + 2 * sz(C) + h * hs;
+                    float* dv = dqkv + (b * sz(T) + t2) * C3 + 2 * sz(C) + h * hs;
+                    float dot = 0;
+                    for (std::size_t i = 0; i < hs; ++i) {
+                        dot += d[i] * v[i];
+                        dv[i] += a[t2] * d[i];
+                    }
+                    da[t2] = dot;
+                }
+                // softmax: dpre[t2] = att[t2] (datt[t2] - sum_k att[k] datt[k])
+                float s = 0;
+                for (std::size_t t2 = 0; t2 <= t; ++t2) s += a[t2] * da[t2];
+                for (std::size_t t2 = 0; t2 <= t; ++t2) {
+                    float dpre = a[t2] * (da[t2] - s) * scale;
+                    const float* k = qkv + (b * sz(T) + t2) * C3 + sz(C) + h * hs;
+                    float* dk = dqkv + (b * sz(T) + t2) * C3 + sz(C) + h * hs;
+                    for (std::size_t i = 0; i < hs; ++i) {
+                        dq[i] += dpre * k[i];
+                        dk[i] += dpre * q[i];
+                    }
+                }
+            }
+        }
+    });
+}
+
+namespace {
+constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
+}
+
+void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N) {
+    parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
+        for (std::size_t i = i0; i < i1; ++i) {
+            float x = inp[i];
+            out[i] = 0.5f * x * (1.0f + std::tanh(gelu_scale * (x + 0.044715f * x * x * x)));
+        }
+    });
+}
+
+void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float* dout, std::size_t N) {
+    parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
+        for (std::size_t i = i0; i < i1; ++i) {
+            float x = inp[i];
+            float u = gelu_scale * (x + 0.044715f * x * x * x);
+            float th = std::tanh(u);
+            float sech2 = 1.0f - th * th;
+            float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
+            dinp[i] = grad * dout[i];
+        }
+    });
+}
+
+void residual_forward(thread_pool& pool, float* out, const float* a, const float* b, std::size_t N) {
+    parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
+        for (std::size_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+    });
+}
+
+void softmax_crossentropy_forward(thread_pool& pool, float* logits, float* losses, const int* targets, int N, int V,
+                                  int Vp) {
+    pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            float* x = logits + r * sz(Vp);
+            float maxv = -INFINITY;
+            for (int i = 0; i < V; ++i) maxv = std::max(maxv, x[i]);
+            double sum = 0;
+            for (int i = 0; i < V; ++i) {
+                x[i] = std::exp(x[i] - maxv);
+                sum += x[i];
+            }
+            float inv = static_cast<float>(1.0 / sum);
+            for (int i = 0; i < V; ++i) x[i] *= inv;
+            for (int i = V; i < Vp; ++i) x[i] = 0.0f;
+            losses[r] = -std::log(x[targets[r]]);
+        }
+    });
+}
+
+void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* targets, float dloss, int N, int V,
+                                   int Vp) {
+    pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+            float* p = probs + r * sz(Vp);
+            for (int i = 0; i < V; ++i) p[i] = (p[i] - (i == targets[r] ? 1.0f : 0.0f)) * dloss;
+            for (int i = V; i < Vp; ++i) p[i] = 0.0f;
+        }
+    });
+}
+
+// ---- The model ------------------------------------------------------------------------------
+
+gpt2::gpt2(const gpt2_config& config, thread_pool& pool) : config_(config), pool_(pool), layout_((config.validate(), config)) {
+    params_.assign(layout_.total, 0.0f);
+    grads_.assign(layout_.total, 0.0f);
+}
+
+void gpt2::init_gpt2(std::uint64_t seed) {
+    normal_rng rng(seed);
+    param_views p(params_.data(), layout_);
+    std::size_t C = sz(config_.channels), L = sz(config_.num_layers);
+    float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+    std::fill(params_.begin(), params_.end(), 0.0f);
+    auto normal = [&](float* w, std::size_t n, float stddev) {
+        for (std::size_t i = 0; i < n; ++i) w[i] = rng.normal(stddev);
+    };
+    normal(p.wte, sz(config_.vocab_size) * C, 0.02f);  // padded rows stay 0
+    normal(p.wpe, sz(config_.max_seq_len) * C, 0.02f);
+    std::fill(p.ln1w, p.ln1w + L * C, 1.0f);
+    normal(p.qkvw, L * 3 * C * C, 0.02f);
+    normal(p.attprojw, L * C * C, proj_std);
+    std::fill(p.ln2w, p.ln2w + L * C, 1.0f);
+    normal(p.fcw, L * 4 * C * C, 0.02f);
+    normal(p.fcprojw, L * C * 4 * C, proj_std);
+    std::fill(p.lnfw, p.lnfw + C, 1.0f);
+}
+
+void gpt2::reserve(int B, int T) {
+    if (T > config_.max_seq_len)
+        throw std::invalid_argument("sequence length " + std::to_string(T) + " exceeds the model's max_seq_len " +
+                                    std::to_string(config_.max_seq_len));
+    if (B == B_ && T == T_) return;
+    B_ = B;
+    T_ = T;
+    std::size_t BT = sz(B) * sz(T), C = sz(config_.channels);
+    encoded_.assign(BT * C, 0.0f);
+    lnf_.assign(BT * C, 0.0f);
+    lnf_mean_.assign(BT, 0.0f);
+    lnf_rstd_.assign(BT, 0.0f);
+    logits_.assign(BT * sz(config_.padded_vocab_size), 0.0f);
+    losses_.assign(BT, 0.0f);
+    inputs_.assign(BT, 0);
+    targets_.assign(BT, 0);
+    dresidual_.assign(BT * C, 0.0f);
+    dscratch_.assign(BT * C, 0.0f);
+    dln_.assign(BT * C, 0.0f);
+    dqkv_.assign(BT * 3 * C, 0.0f);
+    dfch_.assign(BT * 4 * C, 0.0f);
+    datt_.assign(sz(B) * sz(config_.num_heads) * sz(T) * sz(T), 0.0f);
+}
+
+std::size_t gpt2::fixed_activation_bytes() const noexcept {
+    return (encoded_.size() + lnf_.size() + lnf_mean_.size() + lnf_rstd_.size() + logits_.size() + losses_.size()) *
+           sizeof(float);
+}
+
+void gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+float gpt2::forward(const int* inputs, const int* targets, int B, int T, activation_store& store) {
+    auto t0 = clock_type::now();
+    reserve(B, T);
+    const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
+    const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
+    const std::size_t Cs = sz(C);
+    std::copy(inputs, inputs + BT, inputs_.begin());
+    std::copy(targets, targets + BT, targets_.begin());
+    for (int i = 0; i < BT; ++i) {
+        if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V)
+            throw std::invalid_argument("token id out of range [0, " + std::to_string(V) + ") at position " +
+                                        std::to_string(i));
+    }
+    param_views p(params_.data(), layout_);
+    encoder_forward(pool_, encoded_.data(), inputs, p.wte, p.wpe, B, T, C);  // (B,T,C)
+    const float* residual = encoded_.data();
+    float* proj = dscratch_.data();  // (B,T,C) scratch for the projections' outputs
+    for (int l = 0; l < L; ++l) {
+        std::size_t ls = sz(l);
+        layer_acts a(store.acquire(l), config_, B, T);
+        layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w + ls * Cs, p.ln1b + ls * Cs, BT, C);
+        matmul_forward(pool_, a.qkv, a.ln1, p.qkvw + ls * 3 * Cs * Cs, p.qkvb + ls * 3 * Cs, BT, C, 3 * C);
+        attention_forward(pool_, a.atty, a.att, a.qkv, B, T, C, NH);
+        matmul_forward(pool_, proj, a.atty, p.attprojw + ls * Cs * Cs, p.attprojb + ls * Cs, BT, C, C);
+        residual_forward(pool_, a.residual2, residual, proj, sz(BT) * Cs);
+        layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w + ls * Cs, p.ln2b + ls * Cs, BT,
+                          C);
+        matmul_forward(pool_, a.fch, a.ln2, p.fcw + ls * 4 * Cs * Cs, p.fcb + ls * 4 * Cs, BT, C, 4 * C);
+        gelu_forward(pool_, a.fch_gelu, a.fch, sz(BT) * 4 * Cs);
+        matmul_forward(pool_, proj, a.fch_gelu, p.fcprojw + ls * Cs * 4 * Cs, p.fcprojb + ls * Cs, BT, 4 * C, C);
+        residual_forward(pool_, a.residual3, a.residual2, proj, sz(BT) * Cs);
+        if (l > 0) store.forward_done(l - 1);  // layer l has read block l-1's output
+        residual = a.residual3;
+    }
+    layernorm_forward(pool_, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.lnfw, p.lnfb, BT, C);
+    store.forward_done(L - 1);
+    matmul_forward(pool_, logits_.data(), lnf_.data(), p.wte, nullptr, BT, C, Vp);  // (B,T,Vp), tied head
+    softmax_crossentropy_forward(pool_, logits_.data(), losses_.data(), targets, BT, V, Vp);
+    double sum = 0;
+    for (float x : losses_) sum += x;
+    times_.forward_ms = ms_since(t0);
+    return static_cast<float>(sum / BT);
+}
+
+void gpt2::backward(float loss_scale, activation_store& store) {
+    auto t0 = clock_type::now();
+    double wait_ms = 0;
+    auto need = [&](int l) {
+        auto w0 = clock_type::now();
+        float* r = store.need(l);
+        wait_ms += ms_since(w0);
+        return r;
+    };
+    const int B = B_, T = T_, C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
+    const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
+    const std::size_t Cs = sz(C);
+    param_views p(params_.data(), layout_);
+    param_views g(grads_.data(), layout_);
+    // Loss: mean over B*T positions, times the loss scale.
+    crossentropy_softmax_backward(pool_, logits_.data(), targets_.data(), loss_scale / static_cast<float>(BT), BT, V,
+                                  Vp);
+    matmul_backward(pool_, dln_.data(), g.wte, nullptr, logits_.data(), lnf_.data(), p.wte, BT, C, Vp);
+    float* dres = dresidual_.data();  // gradient of the residual stream, (B,T,C)
+    std::fill(dresidual_.begin(), dresidual_.end(), 0.0f);
+    {
+        layer_acts last(need(L - 1), config_, B, T);
+        layernorm_backward(pool_, dres, g.lnfw, g.lnfb, dln_.data(), last.residual3, p.lnfw, lnf_mean_.data(),
+                           lnf_rstd_.data(), BT, C);
+    }
+    for (int l = L - 1; l >= 0; --l) {
+        std::size_t ls = sz(l);
+        layer_acts a(need(l), config_, B, T);
+        const float* residual = l == 0 ? encoded_.data() : layer_acts(need(l - 1), config_, B, T).residual3;
+        // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))): dres is d residual3.
+        matmul_backward(pool_, dfch_.data(), g.fcprojw + ls * Cs * 4 * Cs, g.fcprojb + ls * Cs, dres, a.fch_gelu,
+                        p.fcprojw + ls * Cs * 4 * Cs, BT, 4 * C, C);
+        gelu_backward(pool_, dfch_.data(), a.fch, dfch_.data(), sz(BT) * 4 * Cs);
+        matmul_backward(pool_, dln_.data(), g.fcw + ls * 4 * Cs * Cs, g.fcb + ls * 4 * Cs, dfch_.data(), a.ln2,
+                        p.fcw + ls * 4 * Cs * Cs, BT, C, 4 * C);
+        layernorm_backward(pool_, dres, g.ln2w + ls * Cs, g.ln2b + ls * Cs, dln_.data(), a.residual2,
+                           p.ln2w + ls * Cs, a.ln2_mean, a.ln2_rstd, BT, C);
+        // dres is now d residual2; residual2 = residual + attproj(attention(qkv(ln1(residual)))).
+        matmul_backward(pool_, dscratch_.data(), g.attprojw + ls * Cs * Cs, g.attprojb + ls * Cs, dres, a.atty,
+                        p.attprojw + ls * Cs * Cs, BT, C, C);
+        attention_backward(pool_, dqkv_.data(), datt_.data(), dscratch_.data(), a.qkv, a.att, B, T, C, NH);
+        matmul_backward(pool_, dln_.data(), g.qkvw + ls * 3 * Cs * Cs, g.qkvb + ls * 3 * Cs, dqkv_.data(), a.ln1,
+                        p.qkvw + ls * 3 * Cs * Cs, BT, C, 3 * C);
+        layernorm_backward(pool_, dres, g.ln1w + ls * Cs, g.ln1b + ls * Cs, dln_.data(), residual, p.ln1w + ls * Cs,
+                           a.ln1_mean, a.ln1_rstd, BT, C);
+        store.backward_done(l);  // dres is now d residual (the layer's input)
+    }
+    encoder_backward(pool_, g.wte, g.wpe, dres, inputs_.data(), B, T, C);
+    times_.backward_ms = ms_since(t0);
+    times_.act_wait_ms = wait_ms;
+}
+
+}  // namespace mini_gpt

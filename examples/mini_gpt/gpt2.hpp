@@ -1,0 +1,228 @@
+// examples/mini_gpt/gpt2.hpp: GPT-2 (as in llm.c and nanoGPT) on the CPU, in fp32.
+//
+// The model: token + learned position embeddings, L pre-LayerNorm blocks (causal multi-head
+// self-attention, GELU(tanh) MLP, residuals), a final LayerNorm and an LM head tied to the
+// token embedding. The vocabulary may be padded (Vp >= V): padded logits are ignored by the
+// softmax and the cross-entropy, so padded rows of wte never receive a gradient.
+//
+// What this file guarantees:
+// - Forward and backward are function pairs (`*_forward` / `*_backward`) with the shapes in
+//   comments; B batch, T time, C channels, NH heads, hs = C/NH, V real vocab, Vp padded vocab.
+// - Results are a pure function of (parameters, tokens, thread count): every kernel splits its
+//   work into chunks that depend only on the sizes and the thread count, and each output is
+//   computed by one thread in a fixed order. The same run twice gives the same bits.
+// - Parameters live in one contiguous fp32 block in llm.c's order (wte, wpe, ln1w, ln1b, qkvw,
+//   qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb), so a
+//   checkpoint is that block written as is; gradients use the same layout.
+// - Activations are grouped per layer (one contiguous block each, see layer_acts) so that a
+//   store can keep, offload or bring back a whole layer at once (activation_store).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "spillway/detail/thread_pool.hpp"
+
+namespace mini_gpt {
+
+struct gpt2_config {
+    int max_seq_len = 64;         // maxT: rows of wpe
+    int vocab_size = 256;         // V: real tokens
+    int padded_vocab_size = 256;  // Vp >= V: rows of wte
+    int num_layers = 4;           // L
+    int num_heads = 4;            // NH
+    int channels = 128;           // C
+
+    /// Throws std::invalid_argument naming the field when the config cannot describe a model
+    /// (non-positive sizes, Vp < V, C not divisible by NH).
+    void validate() const;
+    friend bool operator==(const gpt2_config&, const gpt2_config&) = default;
+};
+
+/// The 16 parameter tensors in llm.c's order.
+inline constexpr int num_param_tensors = 16;
+inline constexpr std::array<const char*, num_param_tensors> param_names = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+/// Sizes (in floats) of each parameter tensor and their offsets in the block.
+struct param_layout {
+    std::array<std::size_t, num_param_tensors> sizes{};
+    std::array<std::size_t, num_param_tensors> offsets{};
+    std::size_t total = 0;
+    explicit param_layout(const gpt2_config& c);
+};
+
+/// Pointers into one parameter (or gradient) block.
+struct param_views {
+    float *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
+    param_views(float* base, const param_layout& layout);
+};
+
+/// The activations one layer saves for its backward pass, laid out in one block.
+/// `inp` is not part of the block: it is the previous layer's `residual3` (or `encoded`).
+struct layer_acts {
+    float* ln1;        // (B,T,C)
+    float* ln1_mean;   // (B,T)
+    float* ln1_rstd;   // (B,T)
+    float* qkv;        // (B,T,3C)
+    float* att;        // (B,NH,T,T) softmax probabilities
+    float* atty;       // (B,T,C)
+    float* residual2;  // (B,T,C)
+    float* ln2;        // (B,T,C)
+    float* ln2_mean;   // (B,T)
+    float* ln2_rstd;   // (B,T)
+    float* fch;        // (B,T,4C)
+    float* fch_gelu;   // (B,T,4C)
+    float* residual3;  // (B,T,C) the layer's output
+    /// Floats in one layer block for batch B and time T.
+    static std::size_t floats(const gpt2_config& c, int B, int T);
+    layer_acts(float* base, const gpt2_config& c, int B, int T);
+};
+
+/// Where the per-layer activation blocks live between forward and backward. The in-memory
+/// store keeps them all; an offloading store (trainer.cpp) hands finished blocks to Spillway's
+/// stash and brings them back for backward. Protocol, for layers l = 0..L-1:
+///  1. forward: `acquire(l)` gives a writable block; after layer l+1's forward has read block
+///     l's output, `forward_done(l)` is called (the store may now offload block l);
+///  2. backward, l = L-1..0: `need(l)` returns block l with its contents; after block l's
+///     backward, `backward_done(l)` is called (the store may free block l).
+/// The last block's output feeds the final LayerNorm, so `forward_done(L-1)` comes after it.
+class activation_store {
+public:
+    virtual ~activation_store() = default;
+    virtual float* acquire(int layer) = 0;
+    virtual void forward_done(int layer) = 0;
+    virtual float* need(int layer) = 0;
+    virtual void backward_done(int layer) = 0;
+    /// Bytes of activation blocks resident at the peak of the last step.
+    [[nodiscard]] virtual std::size_t peak_bytes() const = 0;
+    virtual void reset_peak() = 0;
+    /// Lines for the summary table (bytes offloaded, dedup, forwarding...); may be empty.
+    [[nodiscard]] virtual std::string report() const { return {}; }
+};
+
+/// Keeps every layer's block in memory (what `--offload none|optimizer` uses).
+class in_memory_store final : public activation_store {
+public:
+    in_memory_store(int layers, std::size_t block_floats);
+    float* acquire(int layer) override { return blocks_[static_cast<std::size_t>(layer)].data(); }
+    void forward_done(int) override {}
+    float* need(int layer) override { return blocks_[static_cast<std::size_t>(layer)].data(); }
+    void backward_done(int) override {}
+    [[nodiscard]] std::size_t peak_bytes() const override { return bytes_; }
+    void reset_peak() override {}
+
+private:
+    std::vector<std::vector<float>> blocks_;
+    std::size_t bytes_;
+};
+
+/// Timings of one forward+backward, in milliseconds.
+struct pass_times {
+    double forward_ms = 0, backward_ms = 0, act_wait_ms = 0;
+};
+
+/// GPT-2 with its parameters, gradients and the activations outside the layer blocks.
+class gpt2 {
+public:
+    /// A model of `config` whose parameters are zero; call init_gpt2() or load them.
+    gpt2(const gpt2_config& config, spillway::detail::thread_pool& pool);
+
+    /// GPT-2 initialisation from `seed`: weights N(0, 0.02), residual projections
+    /// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1; padded rows of wte are 0.
+    void init_gpt2(std::uint64_t seed);
+
+    /// Forward pass over inputs (B,T) and targets (B,T) (token ids < V); returns the mean
+    /// cross-entropy. Activations go to `store`. B*T must fit the scratch given to
+    /// reserve(); T <= max_seq_len.
+    float forward(const int* inputs, const int* targets, int B, int T, activation_store& store);
+
+    /// Backward of the last forward: grads = d(loss * loss_scale)/d(params), accumulated
+    /// onto the gradient block (call zero_grad() first).
+    void backward(float loss_scale, activation_store& store);
+
+    void zero_grad();
+
+    /// Allocates the activation scratch outside the layer blocks for batch B, time T.
+    void reserve(int B, int T);
+
+    [[nodiscard]] const gpt2_config& config() const noexcept { return config_; }
+    [[nodiscard]] const param_layout& layout() const noexcept { return layout_; }
+    [[nodiscard]] std::span<float> params() noexcept { return params_; }
+    [[nodiscard]] std::span<const float> params() const noexcept { return params_; }
+    [[nodiscard]] std::span<float> grads() noexcept { return grads_; }
+    /// Per-position losses of the last forward (B*T).
+    [[nodiscard]] std::span<const float> losses() const noexcept { return losses_; }
+    [[nodiscard]] const pass_times& times() const noexcept { return times_; }
+    /// Bytes of activations outside the layer blocks (embedding output, final LN, logits).
+    [[nodiscard]] std::size_t fixed_activation_bytes() const noexcept;
+
+private:
+    gpt2_config config_;
+    spillway::detail::thread_pool& pool_;
+    param_layout layout_;
+    std::vector<float> params_, grads_;
+    int B_ = 0, T_ = 0;
+    // Activations outside the layer blocks.
+    std::vector<float> encoded_;          // (B,T,C)
+    std::vector<float> lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C), (B,T), (B,T)
+    std::vector<float> logits_;           // (B,T,Vp): logits, then probs, then dlogits
+    std::vector<float> losses_;           // (B,T)
+    std::vector<int> inputs_, targets_;   // (B,T)
+    // Gradient scratch of the activations.
+    std::vector<float> dresidual_, dscratch_, dqkv_, datt_, dfch_, dln_;
+    pass_times times_;
+};
+
+// ---- The kernels, exposed for the gradient tests -----------------------------------------
+// All take the pool that parallelises them. `+=` in a comment means the kernel accumulates.
+using spillway::detail::thread_pool;
+
+// out (B,T,C) = wte[inp] + wpe[t]
+void encoder_forward(thread_pool& pool, float* out, const int* inp, const float* wte, const float* wpe, int B,
+                     int T, int C);
+// dwte (Vp,C) +=, dwpe (maxT,C) +=, from dout (B,T,C)
+void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                      int C);
+// out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C)
+void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+// dinp (N,C) +=, dweight (C) +=, dbias (C) +=
+void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C);
+// out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be null
+void matmul_forward(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC);
+// dinp (N,C) = dout (N,OC) @ weight (OC,C) (overwritten), dweight (OC,C) +=, dbias (OC) += (may be null)
+void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int N, int C, int OC);
+// out (B,T,C), att (B,NH,T,T) from qkv (B,T,3C): causal softmax(q k^T / sqrt(hs)) v
+void attention_forward(thread_pool& pool, float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv (B,T,3C) = (overwritten), using datt scratch (B,NH,T,T)
+void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH);
+// out (N) = gelu_tanh(inp (N))
+void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N);
+// dinp (N) = gelu'(inp) * dout (overwritten; dinp may alias dout)
+void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float* dout, std::size_t N);
+// out (N) = a (N) + b (N)
+void residual_forward(thread_pool& pool, float* out, const float* a, const float* b, std::size_t N);
+// logits (N,Vp) become probs in place (softmax over the first V, padded entries 0);
+// losses (N) = -log probs[target]
+void softmax_crossentropy_forward(thread_pool& pool, float* logits, float* losses, const int* targets, int N, int V,
+                                  int Vp);
+// probs (N,Vp) become dlogits in place: (probs - onehot(target)) * dloss; padded entries 0
+void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* targets, float dloss, int N, int V,
+                                   int Vp);
+
+/// Model FLOPs of one training step (forward + backward) per token: 6 * non-embedding-matmul
+/// params + the LM head and attention terms (as in the PaLM appendix).
+double flops_per_token(const gpt2_config& c, int T);
+
+}  // namespace mini_gpt

@@ -1,0 +1,180 @@
+// examples/mini_gpt/llmc_format.cpp: reading and writing llm.c checkpoints and token files.
+#include "llmc_format.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace mini_gpt {
+
+namespace {
+
+[[noreturn]] void fail(const std::filesystem::path& path, const std::string& problem) {
+    throw input_error(path.string() + ": " + problem);
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::int32_t header_field(const std::vector<std::byte>& file, std::size_t i) {
+    std::int32_t v;
+    std::memcpy(&v, file.data() + i * sizeof(std::int32_t), sizeof v);
+    return v;
+}
+
+}  // namespace
+
+std::vector<std::byte> read_file(const std::filesystem::path& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        int err = errno;
+        ::close(fd);
+        fail(path, "cannot stat: " + errno_text(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd);
+        fail(path, "not a regular file");
+    }
+    std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
+    std::size_t done = 0;
+    while (done < out.size()) {
+        ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int err = errno;
+            ::close(fd);
+            fail(path, "read failed: " + errno_text(err));
+        }
+        if (n == 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    out.resize(done);
+    return out;
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+    std::filesystem::path tmp = path;
+    tmp += ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) fail(path, "cannot create " + tmp.string() + ": " + errno_text(errno));
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int err = n < 0 ? errno : EIO;
+            ::close(fd);
+            ::unlink(tmp.c_str());
+            fail(path, "write of " + std::to_string(bytes.size()) + " bytes failed: " + errno_text(err));
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd) != 0) {
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        fail(path, "fsync failed: " + errno_text(err));
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        int err = errno;
+        ::unlink(tmp.c_str());
+        fail(path, "rename from " + tmp.string() + " failed: " + errno_text(err));
+    }
+}
+
+checkpoint read_checkpoint(const std::filesystem::path& path) {
+    std::vector<std::byte> file = read_file(path);
+    const std::size_t header_bytes = header_ints * sizeof(std::int32_t);
+    if (file.size() < header_bytes)
+        fail(path, "truncated checkpoint: " + std::to_string(file.size()) + " bytes, shorter than the " +
+                       std::to_string(header_bytes) + "-byte header");
+    if (header_field(file, 0) != checkpoint_magic)
+        fail(path, "bad magic " + std::to_string(header_field(file, 0)) + " (an llm.c checkpoint has " +
+                       std::to_string(checkpoint_magic) + ")");
+    if (header_field(file, 1) != checkpoint_version)
+        fail(path, "unsupported checkpoint version " + std::to_string(header_field(file, 1)) +
+                       " (only version 3, fp32, is read)");
+    checkpoint ck;
+    ck.config.max_seq_len = header_field(file, 2);
+    ck.config.vocab_size = header_field(file, 3);
+    ck.config.num_layers = header_field(file, 4);
+    ck.config.num_heads = header_field(file, 5);
+    ck.config.channels = header_field(file, 6);
+    ck.config.padded_vocab_size = header_field(file, 7);
+    try {
+        ck.config.validate();
+    } catch (const std::invalid_argument& e) {
+        fail(path, std::string("bad model config in header: ") + e.what());
+    }
+    param_layout layout(ck.config);
+    std::size_t want = header_bytes + layout.total * sizeof(float);
+    if (file.size() != want)
+        fail(path, std::string(file.size() < want ? "truncated checkpoint" : "checkpoint has trailing bytes") +
+                       ": " + std::to_string(file.size()) + " bytes, the header's config needs " +
+                       std::to_string(want));
+    ck.params.resize(layout.total);
+    std::memcpy(ck.params.data(), file.data() + header_bytes, layout.total * sizeof(float));
+    return ck;
+}
+
+void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config, std::span<const float> params) {
+    param_layout layout(config);
+    if (params.size() != layout.total)
+        throw std::invalid_argument("write_checkpoint: " + std::to_string(params.size()) +
+                                    " params for a config of " + std::to_string(layout.total));
+    std::vector<std::int32_t> header(header_ints, 0);
+    header[0] = checkpoint_magic;
+    header[1] = checkpoint_version;
+    header[2] = config.max_seq_len;
+    header[3] = config.vocab_size;
+    header[4] = config.num_layers;
+    header[5] = config.num_heads;
+    header[6] = config.channels;
+    header[7] = config.padded_vocab_size;
+    std::vector<std::byte> file(header_ints * sizeof(std::int32_t) + params.size_bytes());
+    std::memcpy(file.data(), header.data(), header_ints * sizeof(std::int32_t));
+    std::memcpy(file.data() + header_ints * sizeof(std::int32_t), params.data(), params.size_bytes());
+    write_file_atomic(path, file);
+}
+
+std::vector<std::uint16_t> read_tokens(const std::filesystem::path& path) {
+    std::vector<std::byte> file = read_file(path);
+    const std::size_t header_bytes = header_ints * sizeof(std::int32_t);
+    if (file.size() < header_bytes)
+        fail(path, "truncated token file: " + std::to_string(file.size()) + " bytes, shorter than the " +
+                       std::to_string(header_bytes) + "-byte header");
+    if (header_field(file, 0) != tokens_magic)
+        fail(path, "bad magic " + std::to_string(header_field(file, 0)) + " (an llm.c token file has " +
+                       std::to_string(tokens_magic) + ")");
+    if (header_field(file, 1) != tokens_version)
+        fail(path, "unsupported token file version " + std::to_string(header_field(file, 1)) + " (expected 1)");
+    std::int32_t count = header_field(file, 2);
+    if (count < 0) fail(path, "negative token count " + std::to_string(count));
+    std::size_t want = header_bytes + static_cast<std::size_t>(count) * sizeof(std::uint16_t);
+    if (file.size() != want)
+        fail(path, std::string(file.size() < want ? "truncated token file" : "token file has trailing bytes") +
+                       ": " + std::to_string(file.size()) + " bytes, the header's count of " +
+                       std::to_string(count) + " tokens needs " + std::to_string(want));
+    std::vector<std::uint16_t> tokens(static_cast<std::size_t>(count));
+    std::memcpy(tokens.data(), file.data() + header_bytes, tokens.size() * sizeof(std::uint16_t));
+    return tokens;
+}
+
+void write_tokens(const std::filesystem::path& path, std::span<const std::uint16_t> tokens) {
+    std::vector<std::int32_t> header(header_ints, 0);
+    header[0] = tokens_magic;
+    header[1] = tokens_version;
+    header[2] = static_cast<std::int32_t>(tokens.size());
+    std::vector<std::byte> file(header_ints * sizeof(std::int32_t) + tokens.size_bytes());
+    std::memcpy(file.data(), header.data(), header_ints * sizeof(std::int32_t));
+    std::memcpy(file.data() + header_ints * sizeof(std::int32_t), tokens.data(), tokens.size_bytes());
+    write_file_atomic(path, file);
+}
+
+}  // namespace mini_gpt

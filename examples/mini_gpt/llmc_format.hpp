@@ -1,0 +1,61 @@
+// examples/mini_gpt/llmc_format.hpp: llm.c's checkpoint and token file formats.
+//
+// Checkpoint: 256 int32 header (magic 20240326, version 3 = fp32, max_seq_len, vocab_size,
+// num_layers, num_heads, channels, padded_vocab_size), then the fp32 parameters in llm.c's
+// order (see gpt2.hpp). Token file: 256 int32 header (magic 20240520, version 1, token
+// count), then that many uint16 tokens. Both little-endian, as llm.c writes them.
+//
+// Guarantees: every reader checks magic, version, the header fields and the exact file size,
+// and throws input_error whose message starts with the file's path and names the problem
+// (never a crash, never a silently short read). Writers create files with mode 0600 through
+// a temporary file in the same directory, fsync and rename, so a crash never leaves a torn
+// file under the final name; failures throw input_error naming the path and errno text.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpt2.hpp"
+
+namespace mini_gpt {
+
+/// Bad input from the user (a file, a flag): the CLI prints the message and exits with 2.
+class input_error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+inline constexpr std::int32_t checkpoint_magic = 20240326;
+inline constexpr std::int32_t checkpoint_version = 3;
+inline constexpr std::int32_t tokens_magic = 20240520;
+inline constexpr std::int32_t tokens_version = 1;
+inline constexpr std::size_t header_ints = 256;
+
+struct checkpoint {
+    gpt2_config config;
+    std::vector<float> params;  // param_layout(config).total floats
+};
+
+/// Reads an llm.c fp32 checkpoint. Throws input_error naming the path and the problem.
+checkpoint read_checkpoint(const std::filesystem::path& path);
+
+/// Writes an llm.c fp32 checkpoint (mode 0600, atomically replaced).
+void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config, std::span<const float> params);
+
+/// Reads an llm.c token file. Throws input_error naming the path and the problem.
+std::vector<std::uint16_t> read_tokens(const std::filesystem::path& path);
+
+/// Writes an llm.c token file (mode 0600, atomically replaced).
+void write_tokens(const std::filesystem::path& path, std::span<const std::uint16_t> tokens);
+
+/// Writes `bytes` to `path` through path.tmp + fsync + rename, mode 0600.
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+
+/// Reads a whole file; throws input_error naming the path and errno text.
+std::vector<std::byte> read_file(const std::filesystem::path& path);
+
+}  // namespace mini_gpt

@@ -1,0 +1,100 @@
+// examples/mini_gpt/optimizer.cpp: the in-memory AdamW back end and the shared helpers.
+#include "optimizer.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "llmc_format.hpp"
+#include "spillway/optim/adam_formula.hpp"
+
+namespace mini_gpt {
+
+namespace {
+
+template <class G>
+float widen_one(G g) {
+    if constexpr (std::is_same_v<G, float>) return g;
+    else return spillway::to_float(g);
+}
+
+constexpr std::uint64_t moments_magic = 0x4d475054'4d4f4d31ull;  // "MGPTMOM1"
+
+}  // namespace
+
+bool all_finite(const grad_span& grads, spillway::detail::thread_pool& pool) {
+    return std::visit(
+        [&](auto span) {
+            std::atomic<bool> ok{true};
+            pool.parallel_for(span.size(), [&](std::size_t i0, std::size_t i1) {
+                bool local = true;
+                for (std::size_t i = i0; i < i1; ++i) local &= std::isfinite(widen_one(span[i]));
+                if (!local) ok.store(false, std::memory_order_relaxed);
+            }, 1 << 14);
+            return ok.load();
+        },
+        grads);
+}
+
+void write_moments(const std::filesystem::path& path, std::span<const float> m, std::span<const float> v) {
+    std::uint64_t head[2] = {moments_magic, m.size()};
+    std::vector<std::byte> b(sizeof head + m.size_bytes() + v.size_bytes());
+    std::memcpy(b.data(), head, sizeof head);
+    std::memcpy(b.data() + sizeof head, m.data(), m.size_bytes());
+    std::memcpy(b.data() + sizeof head + m.size_bytes(), v.data(), v.size_bytes());
+    write_file_atomic(path, b);
+}
+
+void read_moments(const std::filesystem::path& path, std::span<float> m, std::span<float> v) {
+    auto b = read_file(path);
+    std::uint64_t head[2] = {0, 0};
+    if (b.size() >= sizeof head) std::memcpy(head, b.data(), sizeof head);
+    if (head[0] != moments_magic) throw input_error(path.string() + ": bad magic (not a mini_gpt moments file)");
+    if (head[1] != m.size())
+        throw input_error(path.string() + ": holds moments of " + std::to_string(head[1]) +
+                          " parameters, the model has " + std::to_string(m.size()));
+    if (b.size() != sizeof head + m.size_bytes() + v.size_bytes())
+        throw input_error(path.string() + ": truncated moments file (" + std::to_string(b.size()) + " bytes)");
+    std::memcpy(m.data(), b.data() + sizeof head, m.size_bytes());
+    std::memcpy(v.data(), b.data() + sizeof head + m.size_bytes(), v.size_bytes());
+}
+
+namespace {
+
+class memory_optimizer final : public optimizer {
+public:
+    memory_optimizer(const optimizer_settings& s, std::size_t count)
+        : s_(s), m_(count, 0.0f), v_(count, 0.0f), pool_(static_cast<std::size_t>(std::max(1, s.threads) - 1)) {}
+
+    void init(std::span<const float>) override {
+        std::fill(m_.begin(), m_.end(), 0.0f);
+        std::fill(v_.begin(), v_.end(), 0.0f);
+    }
+    void load(const std::filesystem::path& dir, std::span<const float>) override {
+        read_moments(dir / "moments.bin", m_, v_);
+    }
+    void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
+        auto c = spillway::make_adamw_coefficients(s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps,
+                                                   s_.adam.weight_decay, t, grad_scale, 1.0f);
+        std::visit(
+            [&](auto g) {
+                pool_.parallel_for(params.size(), [&](std::size_t i0, std::size_t i1) {
+                    for (std::size_t i = i0; i < i1; ++i) spillway::adamw_update(params[i], m_[i], v_[i], widen_one(g[i]), c);
+                }, 1 << 14);
+            },
+            grads);
+    }
+    void save(const std::filesystem::path& dir) override { write_moments(dir / "moments.bin", m_, v_); }
+
+private:
+    optimizer_settings s_;
+    std::vector<float> m_, v_;
+    spillway::detail::thread_pool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<optimizer> make_memory_optimizer(const optimizer_settings& s, std::size_t count) {
+    return std::make_unique<memory_optimizer>(s, count);
+}
+
+}  // namespace mini_gpt

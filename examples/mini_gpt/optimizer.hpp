@@ -1,0 +1,76 @@
+// examples/mini_gpt/optimizer.hpp: the AdamW back ends behind --offload, and the offloading
+// activation store.
+//
+// Both optimizer back ends apply Spillway's AdamW element formula (optim/adam_formula.hpp),
+// which gives the same bits whatever the SIMD path, the thread split or the subgroup
+// boundaries; so the in-memory optimizer and the update pipeline over storage tiers produce
+// bit-identical parameters from the same gradients.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gpt2.hpp"
+#include "spillway/optim/half.hpp"
+
+namespace mini_gpt {
+
+/// The gradients of one step in the --grad-dtype chosen, kept in host memory.
+using grad_span = std::variant<std::span<const float>, std::span<const spillway::bfloat16>,
+                               std::span<const spillway::float16>>;
+
+/// True when no gradient is inf or NaN (the fp16 overflow check, done over all subgroups
+/// before any of them is updated, so a skipped step changes nothing).
+bool all_finite(const grad_span& grads, spillway::detail::thread_pool& pool);
+
+struct adam_hparams {
+    float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+};
+
+struct optimizer_settings {
+    adam_hparams adam;
+    std::size_t subgroup = 1 << 16;               // parameters per subgroup
+    int buffers = 4;                              // host buffers of the update pipeline
+    std::vector<std::filesystem::path> paths;     // storage paths (offloaded back end)
+    int threads = 1;
+};
+
+class optimizer {
+public:
+    virtual ~optimizer() = default;
+    /// Starts from `params` with zero moments.
+    virtual void init(std::span<const float> params) = 0;
+    /// Restores the state saved by save() into `dir`; params are the checkpoint's.
+    virtual void load(const std::filesystem::path& dir, std::span<const float> params) = 0;
+    /// AdamW step t (1-based) with gradients scaled by grad_scale; writes the updated params.
+    virtual void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) = 0;
+    /// Saves the moments (and whatever else it needs) into `dir` (files fsynced).
+    virtual void save(const std::filesystem::path& dir) = 0;
+    /// Milliseconds the last step waited on storage.
+    [[nodiscard]] virtual double last_io_wait_ms() const { return 0; }
+    /// Lines for the summary table.
+    [[nodiscard]] virtual std::string report() const { return {}; }
+};
+
+/// m and v in host memory.
+std::unique_ptr<optimizer> make_memory_optimizer(const optimizer_settings& s, std::size_t count);
+
+/// Params, m and v on a virtual tier over the settings' paths (node_lock), driven by the
+/// update pipeline: alternating order, a resident set, lazy widening of the gradients.
+std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s, std::size_t count);
+
+/// Layer blocks from a pool; finished blocks go to Spillway's activation stash over a file
+/// tier under paths[0] and come back in reverse order for backward.
+std::unique_ptr<activation_store> make_offloading_store(int layers, std::size_t block_floats,
+                                                        const std::vector<std::filesystem::path>& paths);
+
+/// Reads/writes the moments file shared by the back ends: magic, count, m, v.
+void write_moments(const std::filesystem::path& path, std::span<const float> m, std::span<const float> v);
+void read_moments(const std::filesystem::path& path, std::span<float> m, std::span<float> v);
+
+}  // namespace mini_gpt

@@ -1,0 +1,554 @@
+// examples/mini_gpt/trainer.cpp: the training loop, the optimizer and activation back ends
+// chosen by --offload, save/resume, and the reports.
+#include "trainer.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <thread>
+#include <variant>
+
+#include "corpus.hpp"
+#include "gpt2.hpp"
+#include "llmc_format.hpp"
+#include "optimizer.hpp"
+
+namespace mini_gpt {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+[[noreturn]] void bad_flag(const std::string& flag, const std::string& problem) {
+    throw input_error(flag + ": " + problem);
+}
+
+long long parse_int(const std::string& flag, const std::string& v, long long lo, long long hi) {
+    try {
+        std::size_t used = 0;
+        long long x = std::stoll(v, &used);
+        if (used != v.size()) throw std::invalid_argument("trailing");
+        if (x < lo || x > hi)
+            bad_flag(flag, "value " + v + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        return x;
+    } catch (const input_error&) {
+        throw;
+    } catch (const std::exception&) {
+        bad_flag(flag, "expected an integer, got '" + v + "'");
+    }
+}
+
+float parse_float(const std::string& flag, const std::string& v) {
+    try {
+        std::size_t used = 0;
+        float x = std::stof(v, &used);
+        if (used != v.size() || !std::isfinite(x) || x < 0) throw std::invalid_argument("bad");
+        return x;
+    } catch (const std::exception&) {
+        bad_flag(flag, "expected a non-negative number, got '" + v + "'");
+    }
+}
+
+const char* dtype_name(grad_dtype d) {
+    switch (d) {
+        case grad_dtype::fp32: return "fp32";
+        case grad_dtype::bf16: return "bf16";
+        case grad_dtype::fp16: return "fp16";
+    }
+    return "?";
+}
+const char* offload_name(offload_mode m) {
+    switch (m) {
+        case offload_mode::none: return "none";
+        case offload_mode::optimizer: return "optimizer";
+        case offload_mode::activations: return "activations";
+        case offload_mode::all: return "all";
+    }
+    return "?";
+}
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        ++u;
+    }
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << b << " " << units[u];
+    return s.str();
+}
+
+// ---- Save and resume ------------------------------------------------------------------------
+// A save directory holds one folder per save (step-NNNNNNNN/: model.bin in llm.c's format,
+// optimizer state, train.state) and a file `latest` naming the newest complete one. Protocol:
+//  1. write everything into step-N.tmp/ (each file fsynced);
+//  2. rename step-N.tmp/ to step-N/;
+//  3. replace `latest` atomically (write latest.tmp, fsync, rename);
+//  4. remove older step-* folders.
+// A crash anywhere leaves `latest` naming a complete save.
+
+struct train_state {
+    std::int64_t next_step = 0;      // the step to run next
+    std::int64_t adam_steps = 0;     // AdamW steps applied (skipped overflow steps excluded)
+    float loss_scale = 1.0f;
+    std::int64_t good_steps = 0;     // steps since the loss scale last changed
+};
+constexpr std::uint64_t state_magic = 0x4d475054'53544154ull;  // "MGPTSTAT"
+
+void write_state(const std::filesystem::path& path, const train_state& s) {
+    std::vector<std::byte> b(sizeof(state_magic) + sizeof s);
+    std::memcpy(b.data(), &state_magic, sizeof state_magic);
+    std::memcpy(b.data() + sizeof state_magic, &s, sizeof s);
+    write_file_atomic(path, b);
+}
+train_state read_state(const std::filesystem::path& path) {
+    auto b = read_file(path);
+    std::uint64_t magic = 0;
+    if (b.size() != sizeof(state_magic) + sizeof(train_state)) throw input_error(path.string() + ": truncated state");
+    std::memcpy(&magic, b.data(), sizeof magic);
+    if (magic != state_magic) throw input_error(path.string() + ": bad magic (not a mini_gpt train.state)");
+    train_state s;
+    std::memcpy(&s, b.data() + sizeof magic, sizeof s);
+    return s;
+}
+
+std::string step_folder(std::int64_t step) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+    return buf;
+}
+
+void fsync_dir(const std::filesystem::path& dir);
+
+}  // namespace
+
+// ---- Command line ---------------------------------------------------------------------------
+
+std::string usage_text() {
+    return R"(mini_gpt: train GPT-2 on the CPU with Spillway's offloading primitives.
+
+Usage: mini_gpt [flags]
+  --model FILE        start from an llm.c checkpoint (default: a small model, GPT-2 init)
+  --data FILE         llm.c token file (default: the built-in corpus, byte tokens)
+  --batch B           global batch size (default 16)
+  --seq T             sequence length (default 64)
+  --steps N           training steps (default 200)
+  --lr X --beta1 X --beta2 X --eps X --wd X    AdamW (defaults 1e-4 0.9 0.999 1e-8 0)
+  --seed N            initialisation seed (default 1337)
+  --threads N         compute threads (default: every core)
+  --grad-dtype D      fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
+  --offload M         none | optimizer | activations | all
+  --path DIR          a storage path for offloaded state (repeatable; default: a temp dir)
+  --subgroup N        parameters per optimizer subgroup (default 65536)
+  --buffers N         host buffers of the update pipeline (default 4, at least 3)
+  --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
+  --resume DIR        continue from the latest save in DIR
+  --save-model FILE   write an llm.c checkpoint after the last step
+  --json              one JSON object per step instead of the progress line
+  --quiet             no per-step lines
+  --trace FILE        write a Chrome trace (Perfetto) of compute and I/O
+  Default model: --layers 4 --channels 128 --heads 4 --vocab 256 --max-seq 64
+)";
+}
+
+options parse_options(const std::vector<std::string>& args) {
+    options o;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        auto value = [&]() -> const std::string& {
+            if (i + 1 >= args.size()) bad_flag(a, "needs a value");
+            return args[++i];
+        };
+        if (a == "--model") o.model = value();
+        else if (a == "--data") o.data = value();
+        else if (a == "--batch") o.batch = static_cast<int>(parse_int(a, value(), 1, 1 << 20));
+        else if (a == "--seq") o.seq = static_cast<int>(parse_int(a, value(), 1, 1 << 20));
+        else if (a == "--steps") o.steps = static_cast<int>(parse_int(a, value(), 0, 1 << 30));
+        else if (a == "--lr") o.lr = parse_float(a, value());
+        else if (a == "--beta1") o.beta1 = parse_float(a, value());
+        else if (a == "--beta2") o.beta2 = parse_float(a, value());
+        else if (a == "--eps") o.eps = parse_float(a, value());
+        else if (a == "--wd") o.weight_decay = parse_float(a, value());
+        else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0, INT64_MAX));
+        else if (a == "--threads") o.threads = static_cast<int>(parse_int(a, value(), 1, 1024));
+        else if (a == "--save-model") o.save_model = value();
+        else if (a == "--grad-dtype") {
+            const std::string& v = value();
+            if (v == "fp32") o.grads = grad_dtype::fp32;
+            else if (v == "bf16") o.grads = grad_dtype::bf16;
+            else if (v == "fp16") o.grads = grad_dtype::fp16;
+            else bad_flag(a, "expected fp32, bf16 or fp16, got '" + v + "'");
+        } else if (a == "--offload") {
+            const std::string& v = value();
+            if (v == "none") o.offload = offload_mode::none;
+            else if (v == "optimizer") o.offload = offload_mode::optimizer;
+            else if (v == "activations") o.offload = offload_mode::activations;
+            else if (v == "all") o.offload = offload_mode::all;
+            else bad_flag(a, "expected none, optimizer, activations or all, got '" + v + "'");
+        } else if (a == "--path") o.paths.emplace_back(value());
+        else if (a == "--subgroup") o.subgroup = static_cast<std::size_t>(parse_int(a, value(), 1, INT64_MAX));
+        else if (a == "--buffers") o.buffers = static_cast<int>(parse_int(a, value(), 3, 1 << 16));
+        else if (a == "--save") o.save_dir = value();
+        else if (a == "--save-every") o.save_every = static_cast<int>(parse_int(a, value(), 1, 1 << 30));
+        else if (a == "--resume") o.resume_dir = value();
+        else if (a == "--json") o.json = true;
+        else if (a == "--quiet") o.quiet = true;
+        else if (a == "--trace") o.trace = value();
+        else if (a == "--layers") o.layers = static_cast<int>(parse_int(a, value(), 1, 1024));
+        else if (a == "--channels") o.channels = static_cast<int>(parse_int(a, value(), 1, 1 << 16));
+        else if (a == "--heads") o.heads = static_cast<int>(parse_int(a, value(), 1, 1 << 16));
+        else if (a == "--vocab") o.vocab = static_cast<int>(parse_int(a, value(), 1, 65536));
+        else if (a == "--max-seq") o.max_seq = static_cast<int>(parse_int(a, value(), 1, 1 << 20));
+        else if (a == "--corpus-bytes")
+            o.corpus_bytes = static_cast<std::size_t>(parse_int(a, value(), 1024, INT64_MAX));
+        else bad_flag(a, "unknown flag (see --help)");
+    }
+    if (o.model.empty() && o.channels % o.heads != 0)
+        throw input_error("--channels " + std::to_string(o.channels) + " is not divisible by --heads " +
+                          std::to_string(o.heads));
+    return o;
+}
+
+namespace {
+
+void fsync_dir(const std::filesystem::path& dir) {
+    // Best effort: make the renames inside `dir` durable.
+    std::FILE* f = std::fopen(dir.c_str(), "r");
+    if (f) std::fclose(f);
+}
+
+/// Makes sure `dir` exists and is writable; throws input_error naming it otherwise.
+void ensure_writable_dir(const std::filesystem::path& dir, const char* flag) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw input_error(dir.string() + ": cannot create " + flag + " directory: " + ec.message());
+    if (!std::filesystem::is_directory(dir)) throw input_error(dir.string() + ": " + flag + " is not a directory");
+    auto probe = dir / ".mini_gpt-probe";
+    try {
+        std::vector<std::byte> one(1);
+        write_file_atomic(probe, one);
+    } catch (const input_error& e) {
+        throw input_error(dir.string() + ": " + flag + " directory is not writable (" + e.what() + ")");
+    }
+    std::filesystem::remove(probe, ec);
+}
+
+/// Checks that the file named by `path` can be created (its directory exists and takes files).
+void ensure_writable_file(const std::filesystem::path& path, const char* flag) {
+    auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+        throw input_error(path.string() + ": " + flag + " cannot be written: " + dir.string() +
+                          " is not a directory");
+    auto probe = path;
+    probe += ".probe";
+    try {
+        std::vector<std::byte> one(1);
+        write_file_atomic(probe, one);
+    } catch (const input_error& e) {
+        throw input_error(path.string() + ": " + flag + " cannot be written (" + e.what() + ")");
+    }
+    std::filesystem::remove(probe, ec);
+}
+
+/// A scratch directory removed when the run ends (default --path).
+class scoped_temp_dir {
+public:
+    scoped_temp_dir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "mini_gpt-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) throw input_error(tmpl + ": cannot create a temporary directory");
+        path_ = tmpl;
+    }
+    scoped_temp_dir(const scoped_temp_dir&) = delete;
+    scoped_temp_dir& operator=(const scoped_temp_dir&) = delete;
+    ~scoped_temp_dir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+    }
+    [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+
+private:
+    std::filesystem::path path_;
+};
+
+/// Row-major batch k of the token stream: inputs and targets (B,T).
+void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B, int T, int row0, int rows,
+                std::vector<int>& inputs, std::vector<int>& targets) {
+    std::size_t BT = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
+    std::size_t nbatches = (tokens.size() - 1) / BT;
+    std::size_t start = static_cast<std::size_t>(k % static_cast<std::int64_t>(nbatches)) * BT +
+                        static_cast<std::size_t>(row0) * static_cast<std::size_t>(T);
+    std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(T);
+    inputs.resize(n);
+    targets.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        inputs[i] = tokens[start + i];
+        targets[i] = tokens[start + i + 1];
+    }
+}
+
+}  // namespace
+
+std::vector<float> train(const options& opt, std::ostream& out) {
+    // 1. Threads: ours for every kernel; OpenBLAS single-threaded inside each slice.
+    openblas_set_num_threads(1);
+    int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    spillway::detail::thread_pool pool(static_cast<std::size_t>(threads - 1));
+
+    // 2. The model.
+    gpt2_config config;
+    std::vector<float> init_params;
+    if (!opt.model.empty()) {
+        checkpoint ck = read_checkpoint(opt.model);
+        config = ck.config;
+        init_params = std::move(ck.params);
+    } else {
+        config.num_layers = opt.layers;
+        config.channels = opt.channels;
+        config.num_heads = opt.heads;
+        config.vocab_size = opt.vocab;
+        config.padded_vocab_size = (opt.vocab + 63) / 64 * 64;
+        config.max_seq_len = opt.max_seq;
+        try {
+            config.validate();
+        } catch (const std::invalid_argument& e) {
+            throw input_error(std::string("default model: ") + e.what());
+        }
+    }
+    if (opt.seq > config.max_seq_len)
+        throw input_error("--seq " + std::to_string(opt.seq) + " exceeds the model's max_seq_len " +
+                          std::to_string(config.max_seq_len));
+    gpt2 model(config, pool);
+    if (init_params.empty()) model.init_gpt2(opt.seed);
+    else std::copy(init_params.begin(), init_params.end(), model.params().begin());
+
+    // 3. The tokens.
+    std::vector<std::uint16_t> tokens;
+    std::string data_name;
+    if (!opt.data.empty()) {
+        tokens = read_tokens(opt.data);
+        data_name = opt.data.string();
+    } else {
+        tokens = builtin_tokens(opt.corpus_bytes);
+        data_name = "built-in corpus";
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] >= config.vocab_size)
+            throw input_error(data_name + ": token " + std::to_string(tokens[i]) + " at position " +
+                              std::to_string(i) + " is out of range for the model's vocabulary of " +
+                              std::to_string(config.vocab_size));
+    }
+    const int B = opt.batch, T = opt.seq;
+    std::size_t BT = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
+    if (tokens.size() < BT + 1)
+        throw input_error(data_name + ": " + std::to_string(tokens.size()) + " tokens, fewer than one batch needs (" +
+                          std::to_string(BT + 1) + " for --batch " + std::to_string(B) + " --seq " +
+                          std::to_string(T) + ")");
+
+    // 4. Output paths are checked before any work is done.
+    if (!opt.save_model.empty()) ensure_writable_file(opt.save_model, "--save-model");
+    if (!opt.save_dir.empty()) ensure_writable_dir(opt.save_dir, "--save");
+    for (const auto& p : opt.paths) ensure_writable_dir(p, "--path");
+    if (!opt.trace.empty()) ensure_writable_file(opt.trace, "--trace");
+    std::unique_ptr<scoped_temp_dir> temp_paths;
+    std::vector<std::filesystem::path> paths = opt.paths;
+    bool offload_opt = opt.offload == offload_mode::optimizer || opt.offload == offload_mode::all;
+    bool offload_act = opt.offload == offload_mode::activations || opt.offload == offload_mode::all;
+    if (paths.empty() && (offload_opt || offload_act)) {
+        temp_paths = std::make_unique<scoped_temp_dir>();
+        paths.push_back(temp_paths->path());
+    }
+
+    // 5. Optimizer and activation store for the --offload mode.
+    optimizer_settings os;
+    os.adam = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
+    os.subgroup = opt.subgroup;
+    os.buffers = opt.buffers;
+    os.paths = paths;
+    os.threads = threads;
+    std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, model.params().size())
+                                                   : make_memory_optimizer(os, model.params().size());
+    std::size_t block_floats = layer_acts::floats(config, B, T);
+    std::unique_ptr<activation_store> store;
+    if (offload_act) store = make_offloading_store(config.num_layers, block_floats, paths);
+    else store = std::make_unique<in_memory_store>(config.num_layers, block_floats);
+
+    // 6. Resume.
+    train_state state;
+    state.loss_scale = opt.grads == grad_dtype::fp16 ? 32768.0f : 1.0f;
+    if (!opt.resume_dir.empty()) {
+        auto latest_file = opt.resume_dir / "latest";
+        auto latest = read_file(latest_file);
+        std::string name(reinterpret_cast<const char*>(latest.data()), latest.size());
+        if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
+            throw input_error(latest_file.string() + ": does not name a save folder");
+        auto dir = opt.resume_dir / name;
+        checkpoint ck = read_checkpoint(dir / "model.bin");
+        if (!(ck.config == config))
+            throw input_error((dir / "model.bin").string() + ": the saved model's config differs from this run's");
+        std::copy(ck.params.begin(), ck.params.end(), model.params().begin());
+        state = read_state(dir / "train.state");
+        optim->load(dir, model.params());
+    } else {
+        optim->init(model.params());
+    }
+
+    // 7. Train.
+    std::vector<float> grads_f32_unused;
+    std::vector<spillway::bfloat16> grads_bf16;
+    std::vector<spillway::float16> grads_fp16;
+    if (opt.grads == grad_dtype::bf16) grads_bf16.resize(model.params().size());
+    if (opt.grads == grad_dtype::fp16) grads_fp16.resize(model.params().size());
+    std::vector<int> inputs, targets;
+    std::vector<float> losses;
+    double flops_tok = flops_per_token(config, T);
+    struct totals_t {
+        double fwd = 0, bwd = 0, upd = 0, io = 0, total = 0;
+        std::size_t act_peak = 0;
+        int steps = 0, skipped = 0;
+    } totals;
+    float first_loss = NAN, last_loss = NAN;
+    if (!opt.json && !opt.quiet) {
+        out << "mini_gpt: L=" << config.num_layers << " C=" << config.channels << " NH=" << config.num_heads
+            << " V=" << config.vocab_size << " (padded " << config.padded_vocab_size << ") maxT=" << config.max_seq_len
+            << ", " << model.params().size() << " params; B=" << B << " T=" << T << ", " << threads
+            << " threads, grads " << dtype_name(opt.grads) << ", offload " << offload_name(opt.offload) << ", data "
+            << data_name << " (" << tokens.size() << " tokens)\n";
+    }
+    for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
+        auto t0 = clock_type::now();
+        fill_batch(tokens, step, B, T, 0, B, inputs, targets);
+        store->reset_peak();
+        float loss = model.forward(inputs.data(), targets.data(), B, T, *store);
+        model.zero_grad();
+        model.backward(state.loss_scale, *store);
+
+        // Narrow the gradients to the chosen dtype (kept in host memory; widened lazily
+        // inside the AdamW step) and check for overflow over all of them.
+        auto tu = clock_type::now();
+        grad_span grads;
+        if (opt.grads == grad_dtype::fp32) grads = std::span<const float>(model.grads());
+        else if (opt.grads == grad_dtype::bf16) {
+            spillway::narrow(std::span<const float>(model.grads()), std::span<spillway::bfloat16>(grads_bf16));
+            grads = std::span<const spillway::bfloat16>(grads_bf16);
+        } else {
+            spillway::narrow(std::span<const float>(model.grads()), std::span<spillway::float16>(grads_fp16));
+            grads = std::span<const spillway::float16>(grads_fp16);
+        }
+        bool finite = all_finite(grads, pool);
+        double io_wait = model.times().act_wait_ms;
+        if (finite) {
+            ++state.adam_steps;
+            optim->step(state.adam_steps, state.loss_scale, grads, model.params());
+            io_wait += optim->last_io_wait_ms();
+        }
+        // Dynamic loss scaling (fp16 only): halve on overflow, double after 500 good steps.
+        if (opt.grads == grad_dtype::fp16) {
+            if (!finite) {
+                state.loss_scale = std::max(1.0f, state.loss_scale / 2);
+                state.good_steps = 0;
+            } else if (++state.good_steps >= 500) {
+                state.loss_scale *= 2;
+                state.good_steps = 0;
+            }
+        }
+        double upd_ms = ms_since(tu);
+        double step_ms = ms_since(t0);
+        state.next_step = step + 1;
+        losses.push_back(loss);
+        if (std::isnan(first_loss)) first_loss = loss;
+        last_loss = loss;
+        double tok_s = static_cast<double>(BT) / (step_ms / 1e3);
+        std::size_t act_peak = store->peak_bytes() + model.fixed_activation_bytes();
+        totals.fwd += model.times().forward_ms;
+        totals.bwd += model.times().backward_ms;
+        totals.upd += upd_ms;
+        totals.io += io_wait;
+        totals.total += step_ms;
+        totals.act_peak = std::max(totals.act_peak, act_peak);
+        ++totals.steps;
+        if (!finite) ++totals.skipped;
+        if (opt.json) {
+            char buf[512];
+            std::snprintf(buf, sizeof buf,
+                          "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
+                          "\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,\"io_wait_ms\":%.3f,"
+                          "\"loss_scale\":%g,\"skipped\":%s}\n",
+                          static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak,
+                          model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
+                          static_cast<double>(state.loss_scale), finite ? "false" : "true");
+            out << buf << std::flush;
+        } else if (!opt.quiet) {
+            char buf[256];
+            std::snprintf(buf, sizeof buf,
+                          "step %5lld/%d | loss %.4f | %8.0f tok/s | fwd %7.1f bwd %7.1f upd %6.1f io-wait %6.1f ms%s\n",
+                          static_cast<long long>(step + 1), opt.steps, static_cast<double>(loss), tok_s,
+                          model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
+                          finite ? "" : " (overflow: step skipped)");
+            out << buf << std::flush;
+        }
+        if (!opt.save_dir.empty() && (step + 1) % opt.save_every == 0) {
+            auto name = step_folder(step + 1);
+            auto tmp = opt.save_dir / (name + ".tmp");
+            std::error_code ec;
+            std::filesystem::remove_all(tmp, ec);
+            std::filesystem::create_directories(tmp);
+            write_checkpoint(tmp / "model.bin", config, model.params());
+            optim->save(tmp);
+            write_state(tmp / "train.state", state);
+            std::filesystem::remove_all(opt.save_dir / name, ec);
+            std::filesystem::rename(tmp, opt.save_dir / name);
+            fsync_dir(opt.save_dir);
+            write_file_atomic(opt.save_dir / "latest",
+                              std::as_bytes(std::span<const char>(name.data(), name.size())));
+            for (const auto& e : std::filesystem::directory_iterator(opt.save_dir)) {
+                auto fn = e.path().filename().string();
+                if (fn.rfind("step-", 0) == 0 && fn != name) std::filesystem::remove_all(e.path(), ec);
+            }
+        }
+    }
+
+    // 8. The end: --save-model and the summary.
+    if (!opt.save_model.empty()) write_checkpoint(opt.save_model, config, model.params());
+    if (!opt.json && totals.steps > 0) {
+        double n = totals.steps;
+        double tok_s = static_cast<double>(BT) * n / (totals.total / 1e3);
+        out << "\nsummary (" << totals.steps << " steps, " << totals.skipped << " skipped)\n";
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "  loss            %.4f -> %.4f (%.1f%% lower)\n",
+                      static_cast<double>(first_loss), static_cast<double>(last_loss),
+                      100.0 * (1.0 - static_cast<double>(last_loss / first_loss)));
+        out << buf;
+        std::snprintf(buf, sizeof buf, "  throughput      %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", tok_s,
+                      tok_s * flops_tok / 1e9);
+        out << buf;
+        std::snprintf(buf, sizeof buf,
+                      "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
+                      totals.total / n, totals.fwd / n, totals.bwd / n, totals.upd / n, totals.io / n);
+        out << buf;
+        out << "  activations     peak resident " << human_bytes(static_cast<double>(totals.act_peak))
+            << " (all layers kept: "
+            << human_bytes(static_cast<double>(block_floats * sizeof(float) *
+                                               static_cast<std::size_t>(config.num_layers) +
+                                               model.fixed_activation_bytes()))
+            << ")\n";
+        out << store->report();
+        out << optim->report();
+    }
+    return losses;
+}
+
+}  // namespace mini_gpt

@@ -1,0 +1,65 @@
+// examples/mini_gpt/trainer.hpp: the mini-GPT training loop and its command line.
+//
+// What a run does, step by step:
+//  1. Parse the flags (parse_options); any bad flag is an input_error.
+//  2. Load the model (--model, llm.c checkpoint) or build the default config initialised from
+//     --seed; load the tokens (--data, llm.c token file) or generate the built-in corpus; check
+//     every token against the vocabulary. With --resume DIR, load the latest save in DIR.
+//  3. Per step k: take batch k (B*T+1 tokens from k*B*T, wrapping after the last whole batch);
+//     forward (activations in the store chosen by --offload); backward with the loss scale;
+//     narrow the gradients to --grad-dtype; AdamW through the optimizer chosen by --offload;
+//     print a progress line (or a JSON object); every --save-every steps, save to --save DIR.
+//  4. After the last step: --save-model FILE writes an llm.c checkpoint; a summary table.
+// Every --offload mode computes the same bits: the model's kernels do not depend on where the
+// activations live, and every optimizer path runs Spillway's AdamW element formula.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace mini_gpt {
+
+enum class grad_dtype { fp32, bf16, fp16 };
+enum class offload_mode { none, optimizer, activations, all };
+
+struct options {
+    std::filesystem::path model;       // --model FILE (llm.c checkpoint); empty: default config
+    std::filesystem::path data;        // --data FILE (llm.c tokens); empty: built-in corpus
+    int batch = 16;                    // --batch B (global batch, split over MPI ranks)
+    int seq = 64;                      // --seq T
+    int steps = 200;                   // --steps N
+    float lr = 1e-4f;                  // --lr
+    float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;  // --beta1 --beta2 --eps --wd
+    std::uint64_t seed = 1337;         // --seed
+    int threads = 0;                   // --threads (0: every core)
+    std::filesystem::path save_model;  // --save-model FILE
+    grad_dtype grads = grad_dtype::fp32;        // --grad-dtype fp32|bf16|fp16
+    offload_mode offload = offload_mode::none;  // --offload none|optimizer|activations|all
+    std::vector<std::filesystem::path> paths;   // --path DIR (repeatable); default: a temp dir
+    std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
+    int buffers = 4;                   // --buffers N: host buffers of the update pipeline
+    std::filesystem::path save_dir;    // --save DIR
+    int save_every = 50;               // --save-every K
+    std::filesystem::path resume_dir;  // --resume DIR
+    bool json = false;                 // --json
+    bool quiet = false;                // --quiet: no progress lines (summary only)
+    std::filesystem::path trace;       // --trace FILE
+    // The default model (no --model): --layers, --channels, --heads, --vocab, --max-seq.
+    int layers = 4, channels = 128, heads = 4, vocab = 256, max_seq = 64;
+    std::size_t corpus_bytes = 1 << 20;  // --corpus-bytes
+};
+
+/// Parses argv (without argv[0]). Throws input_error for unknown flags or bad values.
+options parse_options(const std::vector<std::string>& args);
+
+/// The --help text.
+std::string usage_text();
+
+/// Runs training; progress to `out`. Throws input_error (bad input) or other exceptions.
+/// Returns the per-step losses (of this process's steps, resumed or not).
+std::vector<float> train(const options& opt, std::ostream& out);
+
+}  // namespace mini_gpt
