@@ -1,0 +1,162 @@
+// spillway/optim/detail/half_simd.hpp: AVX-512 and AVX2+F16C kernels for fp16/bf16 conversion.
+//
+// Guarantees: every function here gives, element by element, exactly the bits of the scalar
+// to_float / from_float in half.hpp (fp16 through the F16C instructions, which round to
+// nearest even and quiet NaNs the same way; bf16 through integer rounding, which keeps
+// subnormals, unlike vcvtneps2bf16). Functions carry the target attribute of their level and
+// must only run where detail::supported(level) holds. 
+#pragma once
+
+#include "spillway/optim/detail/half_core.hpp"
+#include "spillway/optim/detail/simd.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+#if SPILLWAY_X86_SIMD
+// GCC 12's AVX-512 intrinsics self-initialise an undefined vector (`__Y = __Y`), which
+// -Wmaybe-uninitialized reports at every use once inlined; the values are never read.
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace spillway::detail {
+
+// ---- AVX-512: 16 lanes ---------------------------------------------------------------------
+// Loads 16 values (or the lanes of `k`, others 0) widened to float.
+SPILLWAY_TARGET_AVX512 inline __m512 load16(const float* p) noexcept { return _mm512_loadu_ps(p); }
+SPILLWAY_TARGET_AVX512 inline __m512 load16(const float16* p) noexcept {
+    // maskz form: the plain one trips a false -Wmaybe-uninitialized in GCC 12's header
+    return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xffff), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+SPILLWAY_TARGET_AVX512 inline __m512 load16(const bfloat16* p) noexcept {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+SPILLWAY_TARGET_AVX512 inline __m512 load16(const float* p, __mmask16 k) noexcept {
+    return _mm512_maskz_loadu_ps(k, p);
+}
+SPILLWAY_TARGET_AVX512 inline __m512 load16(const float16* p, __mmask16 k) noexcept {
+    return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xffff), _mm256_maskz_loadu_epi16(k, p));
+}
+SPILLWAY_TARGET_AVX512 inline __m512 load16(const bfloat16* p, __mmask16 k) noexcept {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+// Rounds 16 floats to 16 halves (as 16-bit lanes).
+SPILLWAY_TARGET_AVX512 inline __m256i round16(__m512 x, const float16*) noexcept {
+    return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+SPILLWAY_TARGET_AVX512 inline __m256i round16(__m512 x, const bfloat16*) noexcept {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+}
+template <class Half>
+SPILLWAY_TARGET_AVX512 inline void store16(Half* p, __m512 x) noexcept {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round16(x, p));
+}
+template <class Half>
+SPILLWAY_TARGET_AVX512 inline void store16(Half* p, __m512 x, __mmask16 k) noexcept {
+    _mm256_mask_storeu_epi16(p, k, round16(x, p));
+}
+SPILLWAY_TARGET_AVX512 inline __mmask16 tail_mask16(std::size_t n) noexcept {
+    return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+template <class Half>
+SPILLWAY_TARGET_AVX512 void widen_avx512(const Half* in, float* out, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 a = load16(in + i), b = load16(in + i + 16), c = load16(in + i + 32), d = load16(in + i + 48);
+        _mm512_storeu_ps(out + i, a);
+        _mm512_storeu_ps(out + i + 16, b);
+        _mm512_storeu_ps(out + i + 32, c);
+        _mm512_storeu_ps(out + i + 48, d);
+    }
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, load16(in + i));
+    if (i < n) {
+        __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(out + i, k, load16(in + i, k));
+    }
+}
+template <class Half>
+SPILLWAY_TARGET_AVX512 void narrow_avx512(const float* in, Half* out, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 a = _mm512_loadu_ps(in + i), b = _mm512_loadu_ps(in + i + 16);
+        __m512 c = _mm512_loadu_ps(in + i + 32), d = _mm512_loadu_ps(in + i + 48);
+        store16(out + i, a);
+        store16(out + i + 16, b);
+        store16(out + i + 32, c);
+        store16(out + i + 48, d);
+    }
+    for (; i + 16 <= n; i += 16) store16(out + i, _mm512_loadu_ps(in + i));
+    if (i < n) {
+        __mmask16 k = tail_mask16(n - i);
+        store16(out + i, _mm512_maskz_loadu_ps(k, in + i), k);
+    }
+}
+
+// ---- AVX2 + F16C: 8 lanes ------------------------------------------------------------------
+SPILLWAY_TARGET_AVX2 inline __m256 load8(const float* p) noexcept { return _mm256_loadu_ps(p); }
+SPILLWAY_TARGET_AVX2 inline __m256 load8(const float16* p) noexcept {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+SPILLWAY_TARGET_AVX2 inline __m256 load8(const bfloat16* p) noexcept {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+SPILLWAY_TARGET_AVX2 inline __m128i round8(__m256 x, const float16*) noexcept {
+    return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+SPILLWAY_TARGET_AVX2 inline __m128i round8(__m256 x, const bfloat16*) noexcept {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    __m256i s = _mm256_blendv_epi8(r, q, nan);  // lanes <= 0xffff: unsigned saturation is exact
+    return _mm_packus_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+template <class Half>
+SPILLWAY_TARGET_AVX2 inline void store8(Half* p, __m256 x) noexcept {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), round8(x, p));
+}
+
+template <class Half>
+SPILLWAY_TARGET_AVX2 void widen_avx2(const Half* in, float* out, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a = load8(in + i), b = load8(in + i + 8), c = load8(in + i + 16), d = load8(in + i + 24);
+        _mm256_storeu_ps(out + i, a);
+        _mm256_storeu_ps(out + i + 8, b);
+        _mm256_storeu_ps(out + i + 16, c);
+        _mm256_storeu_ps(out + i + 24, d);
+    }
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8(in + i));
+    widen_scalar(in + i, out + i, n - i);
+}
+template <class Half>
+SPILLWAY_TARGET_AVX2 void narrow_avx2(const float* in, Half* out, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 a = _mm256_loadu_ps(in + i), b = _mm256_loadu_ps(in + i + 8);
+        __m256 c = _mm256_loadu_ps(in + i + 16), d = _mm256_loadu_ps(in + i + 24);
+        store8(out + i, a);
+        store8(out + i + 8, b);
+        store8(out + i + 16, c);
+        store8(out + i + 24, d);
+    }
+    for (; i + 8 <= n; i += 8) store8(out + i, _mm256_loadu_ps(in + i));
+    narrow_scalar(in + i, out + i, n - i);
+}
+
+}  // namespace spillway::detail
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic pop
+#endif
+#endif  // SPILLWAY_X86_SIMD
