@@ -32,6 +32,7 @@
 #include <doctest/doctest.h>
 
 #include <spillway/tier/faulty_tier.hpp>
+#include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
 #include <spillway/tier/throttled_tier.hpp>
 
@@ -55,10 +56,11 @@ class tier_env {
 public:
     /// A fresh, empty directory on the disk ($SPILLWAY_TEST_TMPDIR, see temp_dir.hpp).
     std::filesystem::path disk_dir() { return fresh(disk_, [] { return temp_dir("conformance"); }); }
-    /// A fresh, empty directory on /dev/shm (tmpfs: no O_DIRECT), or nullopt where absent.
-    std::optional<std::filesystem::path> shm_dir() {
+    /// A fresh, empty directory on /dev/shm (tmpfs: no O_DIRECT, so the buffered path).
+    std::filesystem::path shm_dir() {
         std::error_code ec;
-        if (!std::filesystem::is_directory("/dev/shm", ec)) return std::nullopt;
+        if (!std::filesystem::is_directory("/dev/shm", ec))
+            throw std::runtime_error("tier_env: /dev/shm is not a directory on this machine");
         return fresh(shm_, [] { return temp_dir::under("/dev/shm", "spillway-conformance"); });
     }
 
@@ -107,6 +109,30 @@ struct host_factory {
     static std::string name() { return "host"; }
     static auto args(tier_env&) { return std::tuple<>(); }
     static auto bounded_args(tier_env&, std::size_t capacity) { return std::tuple(capacity); }
+};
+
+/// file_tier<> (automatic engine, O_DIRECT where allowed) in a directory on the disk.
+struct file_disk_factory {
+    using tier_type = file_tier<>;
+    static std::string name() { return "file(disk)"; }
+    static auto args(tier_env& env) { return std::tuple(env.disk_dir(), file_tier_options{}); }
+    static auto bounded_args(tier_env& env, std::size_t capacity) {
+        file_tier_options o;
+        o.capacity = capacity;
+        return std::tuple(env.disk_dir(), std::move(o));
+    }
+};
+
+/// file_tier<> on tmpfs (/dev/shm): O_DIRECT is refused there, so this is the buffered path.
+struct file_shm_factory {
+    using tier_type = file_tier<>;
+    static std::string name() { return "file(shm)"; }
+    static auto args(tier_env& env) { return std::tuple(env.shm_dir(), file_tier_options{}); }
+    static auto bounded_args(tier_env& env, std::size_t capacity) {
+        file_tier_options o;
+        o.capacity = capacity;
+        return std::tuple(env.shm_dir(), std::move(o));
+    }
 };
 
 // ---- Decorator factories ---------------------------------------------------------------

@@ -17,14 +17,19 @@ using namespace spillway::test::conformance;
 using spillway::test::random_bytes;
 
 // clang-format off
-#define SPILLWAY_CONFORMANCE_TIERS \
-    host_factory,                  \
-    throttled_of<host_factory>,    \
-    faulty_of<host_factory>,       \
+#define SPILLWAY_CONFORMANCE_TIERS            \
+    host_factory,                             \
+    file_disk_factory,                        \
+    file_shm_factory,                         \
+    throttled_of<host_factory>,               \
+    throttled_of<file_disk_factory>,          \
+    faulty_of<host_factory>,                  \
     faulty_of<throttled_of<host_factory>>
 // Base tiers the fault cases wrap in faulty_tier<>.
-#define SPILLWAY_FAULT_BASES \
-    host_factory,            \
+#define SPILLWAY_FAULT_BASES          \
+    host_factory,                     \
+    file_disk_factory,                \
+    file_shm_factory,                 \
     throttled_of<host_factory>
 // clang-format on
 
