@@ -1,23 +1,398 @@
-// Tests of file_tier specifics (the shared behaviour is in the conformance suite).
+// Tests of what is particular to file_tier (the shared storage_tier behaviour is checked by
+// the conformance suite): both engines, O_DIRECT and the tmpfs fallback, unaligned sizes and
+// buffers, the directory checks, a full file system (EFBIG through RLIMIT_FSIZE), files
+// deleted or truncated behind the tier's back, file modes, key checks, capacity,
+// persistence and destruction with operations in flight.
 #include <spillway/tier/file_tier.hpp>
 
 #include <doctest/doctest.h>
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #include "support/random_bytes.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace spillway;
+namespace fs = std::filesystem;
 
-TEST_CASE("file_tier round trip (smoke)") {
-    test::temp_dir dir("file-tier");
-    file_tier<> tier(dir.path());
-    MESSAGE("backend " << tier.engine().backend_name() << ", direct " << tier.direct_io() << " " << tier.direct_io_note());
-    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097},
-                          std::size_t{3} << 20 | 5}) {
-        auto data = test::random_bytes(n, n);
-        tier.write("k" + std::to_string(n), data).wait();
-        std::vector<std::byte> back(n);
-        tier.read("k" + std::to_string(n), back).wait();
-        CHECK(back == data);
+namespace {
+
+#ifdef SPILLWAY_SANITIZED
+constexpr std::size_t largest = std::size_t{8} << 20;
+#else
+constexpr std::size_t largest = std::size_t{64} << 20;
+#endif
+
+template <class Tier>
+void round_trip(Tier& tier, const std::string& key, std::size_t n, std::size_t misalign, std::uint64_t seed) {
+    CAPTURE(key);
+    CAPTURE(n);
+    CAPTURE(misalign);
+    auto data = test::random_bytes(n, seed);
+    // A buffer whose start is `misalign` bytes past a 4 KiB boundary.
+    aligned_buffer out_storage(n + misalign), in_storage(n + misalign);
+    std::span<std::byte> out(out_storage.data() + misalign, n), in(in_storage.data() + misalign, n);
+    if (n) std::memcpy(out.data(), data.data(), n);
+    CHECK(tier.write(key, out).wait() == n);
+    CHECK(tier.size_of(key) == n);
+    CHECK(fs::file_size(tier.path_of(key)) == n);
+    CHECK(tier.read(key, in).wait() == n);
+    CHECK((n == 0 || std::memcmp(in.data(), data.data(), n) == 0));
+}
+
+std::string message_of(io_completion c) {
+    try {
+        c.wait();
+    } catch (const std::exception& e) {
+        return e.what();
     }
+    return "(no error)";
+}
+
+bool no_temporary_files(const fs::path& dir) {
+    for (auto& e : fs::directory_iterator(dir))
+        if (e.path().filename().string().rfind(".spillway.", 0) == 0) return false;
+    return true;
+}
+
+}  // namespace
+
+#if SPILLWAY_HAS_LIBURING
+#define SPILLWAY_FILE_ENGINES posix_engine, uring_engine, io_engine
+#else
+#define SPILLWAY_FILE_ENGINES posix_engine, io_engine
+#endif
+
+TEST_CASE_TEMPLATE("file_tier round-trips sizes from 1 byte to 64 MiB from aligned and unaligned buffers", Engine,
+                   SPILLWAY_FILE_ENGINES) {
+#if SPILLWAY_HAS_LIBURING
+    if (std::is_same_v<Engine, uring_engine> && !uring_probe().available) {
+        MESSAGE("io_uring unavailable (" << uring_probe().reason << "): uring_engine file tier skipped");
+        return;
+    }
+#endif
+    test::temp_dir dir("file-tier");
+    file_tier_options opt;
+    opt.engine.block_size = 256 * 1024;
+    opt.engine.queue_depth = 8;
+    file_tier<Engine> tier(dir.path(), opt);
+    MESSAGE("engine " << std::string(tier.engine().backend_name()) << ", O_DIRECT "
+                      << std::string(tier.direct_io() ? "on" : "off: " + tier.direct_io_note()));
+    std::uint64_t seed = 1;
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{511}, std::size_t{4095}, std::size_t{4096},
+                          std::size_t{4097}, std::size_t{12288}, (std::size_t{1} << 20) + 1})
+        for (std::size_t misalign : {std::size_t{0}, std::size_t{1}, std::size_t{512}})
+            round_trip(tier, "blob-" + std::to_string(n) + "-" + std::to_string(misalign), n, misalign, ++seed);
+    round_trip(tier, "largest-unaligned", largest - 3, 1, ++seed);  // bounce buffer and a tail
+    round_trip(tier, "largest", largest, 0, ++seed);                // straight from the caller's buffer
+    // Rewriting a key with another size replaces it.
+    round_trip(tier, "blob-1-0", 70'000, 3, 99);
+    CHECK(no_temporary_files(dir.path()));
+    auto s = tier.stats();
+    CHECK(s.writes == 27);
+    CHECK(s.reads == 27);
+    CHECK(s.failed_reads + s.failed_writes == 0);
+}
+
+TEST_CASE("file_tier uses O_DIRECT on a disk and falls back, saying so, where it is refused (ramfs, old tmpfs)") {
+    test::temp_dir disk("file-tier-direct");
+    file_tier<> on_disk(disk.path());
+    if (on_disk.direct_io()) {
+        CHECK(on_disk.direct_io_note().empty());
+    } else {
+        MESSAGE("the test directory's file system refuses O_DIRECT: " << on_disk.direct_io_note());
+    }
+    file_tier_options off;
+    off.direct_io = direct_io_mode::off;
+    file_tier<> buffered(disk.path(), off);
+    CHECK_FALSE(buffered.direct_io());
+    CHECK(buffered.direct_io_note().find("off") != std::string::npos);
+
+    // ramfs has no O_DIRECT at all: mount one in a private mount namespace of a child.
+    {
+        test::temp_dir mnt("file-tier-ramfs");
+        pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            if (::unshare(CLONE_NEWNS) != 0) ::_exit(100);
+            if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(100);
+            if (::mount("spillway-test", mnt.path().c_str(), "ramfs", 0, "mode=0700") != 0) ::_exit(100);
+            int code = 0;
+            try {
+                file_tier<> t(mnt.path());
+                if (t.direct_io()) code = 1;
+                else if (t.direct_io_note().find("O_DIRECT") == std::string::npos) code = 2;
+                auto data = test::random_bytes(10'001, 3);
+                std::vector<std::byte> back(data.size());
+                t.write("k", data).wait();
+                t.read("k", back).wait();
+                if (back != data) code = 3;
+                file_tier_options required;
+                required.direct_io = direct_io_mode::required;
+                try {
+                    file_tier<> r(mnt.path(), required);
+                    code = 4;
+                } catch (const std::system_error& e) {
+                    if (std::string(e.what()).find(mnt.path().string()) == std::string::npos) code = 5;
+                }
+            } catch (...) {
+                code = 6;
+            }
+            ::umount(mnt.path().c_str());
+            ::_exit(code);
+        }
+        int status = 0;
+        REQUIRE(::waitpid(pid, &status, 0) == pid);
+        REQUIRE(WIFEXITED(status));
+        if (WEXITSTATUS(status) == 100) MESSAGE("cannot mount a ramfs here (no CAP_SYS_ADMIN): fallback case skipped");
+        else CHECK(WEXITSTATUS(status) == 0);
+    }
+
+    if (!fs::is_directory("/dev/shm")) {
+        MESSAGE("no /dev/shm here: tmpfs fallback case skipped");
+        return;
+    }
+    auto shm = test::temp_dir::under("/dev/shm", "spillway-file-tier");
+    file_tier<> tmpfs_tier(shm.path());
+    if (tmpfs_tier.direct_io()) {
+        MESSAGE("/dev/shm accepts O_DIRECT on this kernel: the fallback path is not exercised here");
+    } else {
+        CHECK(tmpfs_tier.direct_io_note().find("O_DIRECT") != std::string::npos);
+        CHECK(tmpfs_tier.direct_io_note().find(shm.path().string()) != std::string::npos);
+        file_tier_options required;
+        required.direct_io = direct_io_mode::required;
+        const std::string shm_path = shm.path().string();
+        CHECK_THROWS_WITH_AS(file_tier<>(shm.path(), required), doctest::Contains(shm_path.c_str()),
+                             std::system_error);
+    }
+    for (std::size_t n : {std::size_t{1}, std::size_t{4097}, (std::size_t{3} << 20) + 5})
+        round_trip(tmpfs_tier, "shm-" + std::to_string(n), n, 1, n);
+}
+
+TEST_CASE("file_tier refuses a missing directory and a path under a regular file, naming the path") {
+    test::temp_dir dir("file-tier-dirs");
+    auto missing = dir.path() / "does-not-exist";
+    try {
+        file_tier<> t(missing);
+        FAIL("a missing directory was accepted");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == std::errc::no_such_file_or_directory);
+        CHECK(std::string(e.what()).find(missing.string()) != std::string::npos);
+    }
+    auto file = dir.path() / "regular";
+    std::ofstream(file) << "x";
+    auto under = file / "sub";
+    try {
+        file_tier<> t(under);
+        FAIL("a path under a regular file was accepted");
+    } catch (const std::system_error& e) {
+        CHECK(e.code() == std::errc::not_a_directory);
+        CHECK(std::string(e.what()).find(under.string()) != std::string::npos);
+    }
+    io_engine_config bad;
+    bad.queue_depth = 0;
+    CHECK_THROWS_AS(file_tier<>(dir.path(), {.engine = bad}), std::invalid_argument);
+}
+
+TEST_CASE("a full file system (EFBIG via RLIMIT_FSIZE) fails the write and keeps the previous blob") {
+    test::temp_dir dir("file-tier-full");
+    file_tier<> tier(dir.path());
+    auto old = test::random_bytes(100'000, 1);
+    tier.write("k", old).wait();
+    tier.write("other", test::random_bytes(10, 2)).wait();
+    const std::size_t used = tier.used();
+
+    auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit saved{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
+    rlimit small = saved;
+    small.rlim_cur = 1 << 20;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    auto too_big = test::random_bytes(3 << 20, 3);
+    std::string what = message_of(tier.write("k", too_big));
+    auto fresh = test::random_bytes((1 << 20) + 4096, 4);
+    std::string what_fresh = message_of(tier.write("fresh", fresh));
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, previous_handler);
+
+    CHECK(what.find("'k'") != std::string::npos);
+    CHECK(what.find(std::to_string(too_big.size())) != std::string::npos);
+    CHECK(what.find(std::strerror(EFBIG)) != std::string::npos);
+    CHECK(what_fresh.find("'fresh'") != std::string::npos);
+    CHECK_FALSE(tier.contains("fresh"));
+    CHECK(tier.used() == used);
+    CHECK(no_temporary_files(dir.path()));
+    std::vector<std::byte> back(old.size());
+    tier.read("k", back).wait();
+    CHECK(back == old);
+    CHECK(tier.stats().failed_writes == 2);
+    // Usable again once there is room.
+    tier.write("fresh", fresh).wait();
+    CHECK(tier.size_of("fresh") == fresh.size());
+}
+
+TEST_CASE("file_tier reports files deleted or truncated behind its back and stays usable") {
+    test::temp_dir dir("file-tier-behind");
+    file_tier<> tier(dir.path());
+    auto a = test::random_bytes(50'000, 1), b = test::random_bytes(9'000, 2);
+    tier.write("a", a).wait();
+    tier.write("b", b).wait();
+    std::vector<std::byte> buf(a.size());
+
+    SUBCASE("deleted") {
+        fs::remove(dir.path() / "a");
+        try {
+            tier.read("a", buf).wait();
+            FAIL("reading a deleted file succeeded");
+        } catch (const std::system_error& e) {
+            std::string what = e.what();
+            CHECK(e.code() == std::errc::no_such_file_or_directory);
+            CHECK(what.find("'a'") != std::string::npos);
+            CHECK(what.find((dir.path() / "a").string()) != std::string::npos);
+            CHECK(what.find("deleted") != std::string::npos);
+        }
+        CHECK_FALSE(tier.contains("a"));
+        CHECK(tier.used() == b.size());
+    }
+    SUBCASE("truncated") {
+        fs::resize_file(dir.path() / "a", 40'000);
+        try {
+            tier.read("a", buf).wait();
+            FAIL("reading a truncated file succeeded");
+        } catch (const std::system_error& e) {
+            std::string what = e.what();
+            CHECK(e.code() == std::errc::io_error);
+            CHECK(what.find("'a'") != std::string::npos);
+            CHECK(what.find("40000 bytes") != std::string::npos);
+            CHECK(what.find("50000 bytes") != std::string::npos);
+        }
+    }
+    std::vector<std::byte> back(b.size());
+    tier.read("b", back).wait();
+    CHECK(back == b);
+    CHECK(tier.stats().failed_reads == 1);
+}
+
+TEST_CASE("file_tier errors for a missing key and a buffer of the wrong size name key and sizes") {
+    test::temp_dir dir("file-tier-errors");
+    file_tier<> tier(dir.path());
+    std::vector<std::byte> buf(100);
+    std::string what = message_of(tier.read("nope", buf));
+    CHECK(what.find("'nope'") != std::string::npos);
+    CHECK(what.find("no such key") != std::string::npos);
+    tier.write("k", test::random_bytes(300, 1)).wait();
+    try {
+        tier.read("k", buf).wait();
+        FAIL("a wrong-size read succeeded");
+    } catch (const std::invalid_argument& e) {
+        std::string w = e.what();
+        CHECK(w.find("'k'") != std::string::npos);
+        CHECK(w.find("100 bytes") != std::string::npos);
+        CHECK(w.find("300 bytes") != std::string::npos);
+    }
+}
+
+TEST_CASE("file_tier keys never leave the directory; files are 0600 and links are not followed") {
+    test::temp_dir dir("file-tier-keys");
+    file_tier<> tier(dir.path());
+    std::vector<std::byte> one(1);
+    for (std::string bad : std::vector<std::string>{"", "a/b", "..", ".", "../escape", ".spillway.tmp.1.2",
+                                                    std::string(256, 'x')}) {
+        CAPTURE(bad);
+        CHECK_THROWS_AS(tier.write(bad, one), std::invalid_argument);
+        CHECK_THROWS_AS(tier.read(bad, one), std::invalid_argument);
+        CHECK_THROWS_AS(tier.erase(bad), std::invalid_argument);
+    }
+    tier.write("..a", one).wait();  // merely starts with dots: a plain name
+    CHECK(fs::exists(dir.path() / "..a"));
+    struct stat st {};
+    REQUIRE(::stat((dir.path() / "..a").c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+
+    // A symbolic link planted under a key's name is replaced, never written through.
+    test::temp_dir outside("file-tier-outside");
+    auto target = outside.path() / "target";
+    std::ofstream(target) << "untouched";
+    fs::create_symlink(target, dir.path() / "link");
+    auto data = test::random_bytes(5000, 5);
+    tier.write("link", data).wait();
+    CHECK(fs::is_regular_file(fs::symlink_status(dir.path() / "link")));
+    std::ifstream in(target);
+    std::string content;
+    in >> content;
+    CHECK(content == "untouched");
+}
+
+TEST_CASE("file_tier capacity counts stored blobs; a rewrite counts only the difference") {
+    test::temp_dir dir("file-tier-capacity");
+    file_tier<> tier(dir.path(), {.capacity = 10'000});
+    CHECK(tier.capacity() == 10'000);
+    tier.write("a", test::random_bytes(6'000, 1)).wait();
+    std::string what = message_of(tier.write("b", test::random_bytes(6'000, 2)));
+    CHECK(what.find("'b'") != std::string::npos);
+    CHECK(what.find("capacity of 10000 bytes") != std::string::npos);
+    CHECK_FALSE(tier.contains("b"));
+    tier.write("a", test::random_bytes(9'000, 3)).wait();
+    CHECK(tier.used() == 9'000);
+    CHECK(tier.erase("a"));
+    CHECK_FALSE(tier.erase("a"));
+    CHECK(tier.used() == 0);
+    tier.write("b", test::random_bytes(6'000, 2)).wait();
+    CHECK(tier.used() == 6'000);
+}
+
+TEST_CASE("file_tier is persistent, serves several threads, and its destructor waits for operations in flight") {
+    test::temp_dir dir("file-tier-persist");
+    constexpr int blobs = 24;
+    std::vector<std::vector<std::byte>> data;
+    for (int i = 0; i < blobs; ++i) data.push_back(test::random_bytes(100'000 + 4099 * i, i));
+    std::vector<io_completion> pending;
+    {
+        file_tier_options opt;
+        opt.engine.queue_depth = 4;
+        opt.engine.block_size = 16 * 1024;
+        file_tier<> tier(dir.path(), opt);
+        for (int i = 0; i < blobs; ++i) pending.push_back(tier.write("k" + std::to_string(i), data[i]));
+    }  // destroyed with writes in flight: it waits for them
+    for (auto& p : pending) CHECK(p.ready());
+    for (auto& p : pending) p.wait();
+
+    file_tier<> again(dir.path());
+    CHECK(again.used() == [&] {
+        std::size_t s = 0;
+        for (auto& d : data) s += d.size();
+        return s;
+    }());
+    std::vector<std::thread> threads;
+    std::atomic<int> bad{0};
+    for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&, t] {
+            for (int i = t; i < blobs; i += 4) {
+                std::vector<std::byte> back(data[i].size());
+                try {
+                    again.read("k" + std::to_string(i), back).wait();
+                    if (back != data[i]) ++bad;
+                    again.write("t" + std::to_string(i), back).wait();
+                } catch (...) {
+                    ++bad;
+                }
+            }
+        });
+    for (auto& th : threads) th.join();
+    CHECK(bad.load() == 0);
+    CHECK(again.stats().reads == blobs);
+    CHECK(again.stats().writes == blobs);
 }
