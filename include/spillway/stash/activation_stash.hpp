@@ -1,0 +1,1081 @@
+// spillway/stash/activation_stash.hpp: offload the tensors a trainer saves in forward for
+// backward to any storage_tier, and bring them back in reverse order before backward needs
+// them (TBA / SSDTrain as a primitive).
+//
+// What it guarantees:
+// - Round trips are exact: load() gives back the bytes save() was handed, or throws an error
+//   naming the tensor; it never returns wrong or partial data.
+// - Deduplication: saving a tensor whose identity (tensor_desc.hpp: storage id, version,
+//   dtype, shape, strides, offset) equals a live one stores it once and counts a reference.
+//   A transpose (other strides) is another tensor. Raw addresses are never a key.
+// - Forwarding: a tensor still in memory when backward (or prefetch) asks for it, because its
+//   write is queued or in flight, is served from memory without a read; a write that has not
+//   started by then is skipped.
+// - Adaptive keep: tensors under keep_below_bytes stay in memory; the layers at the end of
+//   forward whose I/O cannot be hidden stay in memory (split chosen by TBA's rule from a
+//   profiling step, split_rule.hpp, or set by the user); memory_budget caps resident bytes
+//   and is never exceeded (save waits for writes to finish, or writes synchronously).
+// - Prefetch: in backward, reads are issued in reverse order of saving, prefetch_layers
+//   layers ahead of the layer backward is in.
+// - Compute never blocks on a write, except when the memory budget leaves no room.
+// - All public member functions are thread-safe.
+//
+// Memory ownership. The stash owns the resident copy of every tensor it holds, so that a
+// tensor really leaves memory once its write completed:
+// - save(desc, bytes) copies the caller's bytes into a stash-owned buffer (taken from the
+//   stash's pool when one of that size is free); the caller may reuse or free its buffer as
+//   soon as save() returns.
+// - save(desc, aligned_buffer&&) adopts a buffer the trainer hands over (no copy); get such
+//   buffers from allocate() to reuse the stash's pool.
+// Resident bytes are the capacities of every buffer the stash holds (tensors, reads in
+// flight and its free pool); the budget and peak_resident_bytes count exactly these.
+//
+// The life cycle of a tensor:
+//  1. save(): the trainer describes the tensor and hands over its bytes. A live tensor of the
+//     same identity gains a reference (bytes_deduplicated) and its handle is returned.
+//     Otherwise the stash takes room under the budget (waiting for writes, or writing this
+//     tensor synchronously when nothing can make room), copies or adopts the bytes, and
+//     decides: keep (small, kept layer, profiling step) or offload (queue a write).
+//  2. A writer thread writes the queued tensor to the tier under the key
+//     "<key_prefix>-<stash serial>-<entry>". When the write completes, the resident buffer is
+//     freed (returned to the pool), unless backward already took the tensor or it lies in the
+//     prefetch window, in which case it stays resident (forwarded).
+//  3. Backward begins with start_backward() or the first load(). On the profiling step the
+//     split is planned now (forward time measured; tier bandwidth given or probed).
+//  4. Prefetch: for the layer backward is in, every tensor of the prefetch_layers layers
+//     before it (and of its own layer) is made resident, newest first: a queued write is
+//     cancelled (write skip), an offloaded tensor is read by a reader thread when the budget
+//     has room (otherwise later, when room is freed).
+//  5. load(handle) returns a view of the resident bytes, waiting for a read in flight or
+//     issuing one (load_wait_seconds); the view stays valid until the handle is released.
+//  6. release(handle) drops the handle's reference; with the last one the buffer is freed, a
+//     queued write is skipped, and the tier blob is erased (after any I/O in flight ends).
+//  7. A save() or begin_layer() after backward began starts the next step.
+// Errors: a failed write is reported by the next save(), begin_layer() or flush() (once)
+// and by every load() of that tensor; a failed read is reported by the load() that needed it
+// (a later load() retries). Both are std::system_error (the tier's errno) or
+// std::runtime_error naming the tensor and the tier. Misuse of a handle (empty, moved-from,
+// released, of another stash) is std::invalid_argument naming the tensor.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "spillway/detail/thread_pool.hpp"
+#include "spillway/error.hpp"
+#include "spillway/io/aligned_buffer.hpp"
+#include "spillway/stash/split_rule.hpp"
+#include "spillway/stash/tensor_desc.hpp"
+#include "spillway/tier/storage_tier.hpp"
+
+namespace spillway {
+
+/// How the stash chooses which layers stay in memory.
+enum class split_mode {
+    adaptive,     // first step profiles (keeps everything), then TBA's rule picks the split
+    fixed,        // layers from stash_options::first_kept_layer on are kept
+    offload_all,  // every tensor above keep_below_bytes is offloaded
+    keep_all,     // nothing is offloaded (the baseline, or a switch to turn offload off)
+};
+
+struct stash_options {
+    /// Tensors with fewer bytes stay in memory (TBA keeps tensors under 8 Mi elements).
+    std::size_t keep_below_bytes = std::size_t{1} << 20;
+    /// Most resident bytes at any time (see "Memory ownership"); unbounded by default.
+    std::size_t memory_budget = std::numeric_limits<std::size_t>::max();
+    split_mode split = split_mode::adaptive;
+    /// split_mode::fixed: forward position of the first layer kept (layers are numbered in
+    /// the order they first appear in a step); SIZE_MAX keeps no layer.
+    std::size_t first_kept_layer = std::numeric_limits<std::size_t>::max();
+    /// Tier bandwidth in bytes per second for the adaptive rule; 0 measures it once with a
+    /// probe blob of probe_bytes written and read back when the profiling step ends.
+    double tier_bandwidth = 0;
+    std::size_t probe_bytes = std::size_t{16} << 20;
+    /// Layers ahead of the current backward layer that prefetch brings back.
+    std::size_t prefetch_layers = 2;
+    std::size_t write_threads = 1;  // >= 1: each runs one write at a time
+    std::size_t read_threads = 1;   // >= 1
+    /// Most bytes of free buffers kept for reuse (counted as resident).
+    std::size_t pool_limit = std::size_t{64} << 20;
+    /// First part of every tier key; must pass validate_key.
+    std::string key_prefix = "act";
+};
+
+struct stash_stats {
+    std::uint64_t saves = 0;               // save() calls that returned a handle
+    std::uint64_t tensors = 0;             // distinct tensors stored
+    std::uint64_t bytes_saved = 0;         // bytes handed to save(), duplicates included
+    std::uint64_t bytes_deduplicated = 0;  // of those, bytes of saves that hit a live tensor
+    std::uint64_t bytes_kept = 0;          // distinct bytes kept in memory at save
+    std::uint64_t bytes_offloaded = 0;     // bytes written to the tier (completed writes)
+    std::uint64_t bytes_forwarded = 0;     // bytes meant for offload but served from memory
+    std::uint64_t bytes_loaded = 0;        // bytes read back from the tier
+    std::uint64_t write_skips = 0;         // queued writes cancelled (backward took the tensor, or released)
+    std::uint64_t forced_writes = 0;       // writes the budget forced (synchronous or of kept tensors)
+    std::uint64_t failed_writes = 0;
+    std::uint64_t failed_reads = 0;
+    std::size_t resident_bytes = 0;        // now
+    std::size_t peak_resident_bytes = 0;   // since construction or reset_peak()
+    double load_wait_seconds = 0;          // time load() blocked waiting for bytes
+    double budget_wait_seconds = 0;        // time save() blocked waiting for room
+};
+
+/// The split the stash uses, and what it was planned from.
+struct split_plan {
+    bool planned = false;            // adaptive: false until the profiling step ended
+    std::size_t first_kept_layer = std::numeric_limits<std::size_t>::max();  // forward position
+    double tier_bandwidth = 0;       // bytes per second used by the rule
+    double forward_seconds = 0;      // measured on the profiling step
+    std::vector<layer_profile> layers;  // the profiling step's layers, forward order
+};
+
+template <storage_tier Tier>
+class activation_stash;
+
+/// A move-only reference to one saved tensor. Obtained from save(); give it back to
+/// release(). It names its tensor so that misuse errors can say which one.
+class stash_handle {
+public:
+    stash_handle() = default;
+    stash_handle(stash_handle&& o) noexcept
+        : owner_(o.owner_), id_(o.id_), nbytes_(o.nbytes_), label_(o.label_), state_(o.state_) {
+        if (o.state_ != state::empty) o.state_ = state::moved_from;
+    }
+    stash_handle& operator=(stash_handle&& o) noexcept {
+        if (this != &o) {
+            owner_ = o.owner_;
+            id_ = o.id_;
+            nbytes_ = o.nbytes_;
+            label_ = o.label_;
+            state_ = o.state_;
+            if (o.state_ != state::empty) o.state_ = state::moved_from;
+        }
+        return *this;
+    }
+    stash_handle(const stash_handle&) = delete;
+    stash_handle& operator=(const stash_handle&) = delete;
+
+    /// True while the handle refers to a tensor it has not released.
+    [[nodiscard]] bool valid() const noexcept { return state_ == state::live; }
+    /// The tensor's bytes.
+    [[nodiscard]] std::size_t nbytes() const noexcept { return nbytes_; }
+    /// How messages name the tensor ("" for an empty handle).
+    [[nodiscard]] std::string label() const { return label_ ? *label_ : std::string(); }
+
+private:
+    template <storage_tier>
+    friend class activation_stash;
+    enum class state { empty, live, released, moved_from };
+    std::uint64_t owner_ = 0;  // serial of the stash that issued it
+    std::uint64_t id_ = 0;     // handle id, unique within that stash
+    std::size_t nbytes_ = 0;
+    std::shared_ptr<const std::string> label_;
+    state state_ = state::empty;
+};
+
+namespace detail {
+inline std::atomic<std::uint64_t>& stash_serial_counter() {
+    static std::atomic<std::uint64_t> counter{0};
+    return counter;
+}
+/// Re-throwable copy of `error` with `context` in front of its message; keeps the errno.
+inline std::exception_ptr with_context(std::exception_ptr error, const std::string& context) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::system_error& e) {
+        return std::make_exception_ptr(std::system_error(e.code(), context + ": " + e.what()));
+    } catch (const std::exception& e) {
+        return std::make_exception_ptr(std::runtime_error(context + ": " + e.what()));
+    } catch (...) {
+        return std::make_exception_ptr(std::runtime_error(context + ": unknown error"));
+    }
+}
+}  // namespace detail
+
+template <storage_tier Tier>
+class activation_stash {
+public:
+    using clock = std::chrono::steady_clock;
+
+    /// Holds a reference to `tier`, which must outlive the stash. Throws
+    /// std::invalid_argument for a bad key prefix or zero threads.
+    explicit activation_stash(Tier& tier, stash_options options = {})
+        : tier_(tier), opt_(std::move(options)), serial_(++detail::stash_serial_counter()) {
+        validate_key(opt_.key_prefix, "activation_stash: key_prefix");
+        expect_argument(opt_.write_threads >= 1 && opt_.read_threads >= 1,
+                        "activation_stash: write_threads and read_threads must be at least 1 "
+                        "(a stash never writes on the compute thread)");
+        if (opt_.split == split_mode::fixed) first_kept_ = opt_.first_kept_layer;
+        if (opt_.split == split_mode::adaptive && opt_.tier_bandwidth < 0)
+            throw std::invalid_argument("activation_stash: tier_bandwidth must be >= 0 (0 measures it)");
+        writer_.emplace(opt_.write_threads);
+        reader_.emplace(opt_.read_threads);
+    }
+    activation_stash(const activation_stash&) = delete;
+    activation_stash& operator=(const activation_stash&) = delete;
+
+    /// Skips queued writes, waits for the I/O in flight, erases this stash's tier blobs.
+    /// Handles still live become dangling (any use is undefined).
+    ~activation_stash() {
+        {
+            std::lock_guard lock(mutex_);
+            shutting_down_ = true;
+        }
+        writer_.reset();
+        reader_.reset();
+        for (auto& [id, e] : entries_)
+            if (e->on_tier) erase_blob(e->key);
+    }
+
+    // ---- forward ----------------------------------------------------------------------
+
+    /// Opens the layer scope `layer` (an id of the trainer's choosing); saves without an
+    /// explicit scope belong to it. Scopes nest; end_layer() closes the innermost.
+    void begin_layer(std::uint32_t layer) {
+        std::lock_guard lock(mutex_);
+        throw_pending();
+        enter_forward();
+        scopes_.push_back(layer);
+        position_of(layer);
+    }
+    void end_layer() {
+        std::lock_guard lock(mutex_);
+        if (!scopes_.empty()) scopes_.pop_back();
+    }
+
+    /// Saves a copy of `bytes` (exactly extent_bytes(desc) of them) and returns its handle.
+    /// Throws std::invalid_argument for a malformed description or a size mismatch, the
+    /// pending error of an earlier failed write, or the error of a synchronous write the
+    /// budget forced (naming the tensor). Nothing is stored when it throws.
+    [[nodiscard]] stash_handle save(const tensor_desc& desc, std::span<const std::byte> bytes) {
+        return save_impl(desc, bytes, nullptr);
+    }
+    /// Saves a buffer the trainer hands over (bytes().size() == extent_bytes(desc)); no copy.
+    /// On an exception the buffer is left with the caller.
+    [[nodiscard]] stash_handle save(const tensor_desc& desc, aligned_buffer&& buffer) {
+        return save_impl(desc, buffer.bytes(), &buffer);
+    }
+
+    /// A buffer of nbytes for the trainer to compute into and hand over with save(desc,
+    /// aligned_buffer&&): taken from the stash's pool when one of that size is free (its
+    /// contents are then stale), newly allocated (zeroed) otherwise.
+    [[nodiscard]] aligned_buffer allocate(std::size_t nbytes) {
+        {
+            std::lock_guard lock(mutex_);
+            if (auto b = take_pooled(nbytes)) {
+                resident_ -= b->capacity();
+                return std::move(*b);
+            }
+        }
+        return aligned_buffer(nbytes);
+    }
+
+    // ---- backward ---------------------------------------------------------------------
+
+    /// Marks the start of backward (optional: the first load() does it) so that prefetch of
+    /// the last layers starts at once. Plans the split on the profiling step.
+    void start_backward() {
+        std::unique_lock lock(mutex_);
+        enter_backward(lock);
+        prefetch();
+    }
+
+    /// The tensor's bytes, resident; blocks while they are being read. The view stays valid
+    /// until `handle` is released. Throws std::invalid_argument on a misused handle, the
+    /// tier's error naming the tensor when its write or read failed, std::length_error when
+    /// the budget is held entirely by loaded tensors not yet released.
+    [[nodiscard]] std::span<const std::byte> load(const stash_handle& handle) {
+        std::unique_lock lock(mutex_);
+        entry& e = entry_of(handle, "load");
+        enter_backward(lock);
+        if (e.step == step_ && e.position < backward_position_) backward_position_ = e.position;
+        prefetch();
+        std::optional<clock::time_point> waited_since;
+        for (;;) {
+            switch (e.state) {
+                case entry_state::queued:
+                    cancel_write(e);
+                    [[fallthrough]];
+                case entry_state::kept:
+                case entry_state::fetched:
+                case entry_state::writing:
+                    if (e.buffer.data() || e.nbytes == 0) {
+                        if (e.state == entry_state::writing) note_forwarded(e);
+                        e.pinned = true;
+                        if (waited_since) stats_.load_wait_seconds += seconds_since(*waited_since);
+                        return {e.buffer.data(), e.nbytes};
+                    }
+                    break;  // a synchronous write without a resident copy: wait for it
+                case entry_state::lost:
+                    std::rethrow_exception(e.error);
+                case entry_state::offloaded:
+                    if (e.read_error) {
+                        auto err = std::exchange(e.read_error, nullptr);
+                        std::rethrow_exception(err);
+                    }
+                    if (!make_room(lock, charge_of(e.nbytes)))
+                        throw std::length_error(
+                            "activation_stash: loading " + e.label() + " (" + bytes_str(e.nbytes) +
+                            ") would exceed the memory budget of " + bytes_str(opt_.memory_budget) +
+                            (charge_of(e.nbytes) > opt_.memory_budget
+                                 ? std::string(": the tensor alone is larger; raise the budget")
+                                 : ": " + bytes_str(resident_) +
+                                       " are held by loaded tensors not yet released; release tensors once "
+                                       "backward used them, or raise the budget"));
+                    account(charge_of(e.nbytes));
+                    if (e.state == entry_state::offloaded) start_read(e, reserved::yes);
+                    else resident_ -= charge_of(e.nbytes);  // someone else started it meanwhile
+                    continue;
+                case entry_state::reading:
+                    break;
+            }
+            if (!waited_since) waited_since = clock::now();
+            cv_.wait(lock);
+        }
+    }
+
+    /// True when load(handle) would return without waiting for a read. Never blocks on I/O.
+    [[nodiscard]] bool ready(const stash_handle& handle) const {
+        std::lock_guard lock(mutex_);
+        const entry& e = const_cast<activation_stash*>(this)->entry_of(handle, "ready");
+        switch (e.state) {
+            case entry_state::kept:
+            case entry_state::queued:
+            case entry_state::fetched:
+            case entry_state::writing: return e.buffer.data() != nullptr || e.nbytes == 0;
+            default: return false;
+        }
+    }
+
+    /// Drops the handle's reference (the handle becomes released). The last reference frees
+    /// the tensor: its buffer, any queued write, its tier blob. Throws std::invalid_argument
+    /// on a misused handle (double release, moved-from, empty, another stash's).
+    void release(stash_handle& handle) {
+        std::unique_lock lock(mutex_);
+        entry& e = entry_of(handle, "release");
+        handles_.erase(handle.id_);
+        handle.state_ = stash_handle::state::released;
+        if (--e.refs == 0) drop(e);
+        prefetch();
+        cv_.notify_all();
+    }
+
+    // ---- whole-stash ------------------------------------------------------------------
+
+    /// Waits for every write issued so far; throws the first unreported write failure.
+    void flush() {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return writes_pending_ == 0; });
+        throw_pending();
+    }
+
+    /// Releases every live handle (they become unknown to the stash), waits for the I/O in
+    /// flight and forgets any unreported error: the way back to a clean state after a failed
+    /// step.
+    void reset() {
+        std::unique_lock lock(mutex_);
+        std::vector<std::uint64_t> ids;
+        for (auto& [h, id] : handles_) ids.push_back(id);
+        handles_.clear();
+        for (auto id : ids) {
+            auto it = entries_.find(id);
+            if (it != entries_.end() && --it->second->refs == 0) drop(*it->second);
+        }
+        cv_.wait(lock, [&] { return writes_pending_ == 0 && reads_pending_ == 0; });
+        pending_error_ = nullptr;
+        phase_ = phase::backward;  // the next save starts a new step
+    }
+
+    /// Makes the next step a profiling step again (adaptive mode): the split is re-planned.
+    void replan() {
+        std::lock_guard lock(mutex_);
+        if (opt_.split == split_mode::adaptive) plan_.planned = false;
+    }
+
+    [[nodiscard]] stash_stats stats() const {
+        std::lock_guard lock(mutex_);
+        stash_stats s = stats_;
+        s.resident_bytes = resident_;
+        return s;
+    }
+    /// Restarts peak_resident_bytes from the current resident bytes.
+    void reset_peak() {
+        std::lock_guard lock(mutex_);
+        stats_.peak_resident_bytes = resident_;
+    }
+    [[nodiscard]] split_plan plan() const {
+        std::lock_guard lock(mutex_);
+        split_plan p = plan_;
+        p.first_kept_layer = first_kept_;
+        return p;
+    }
+    [[nodiscard]] const stash_options& options() const noexcept { return opt_; }
+    [[nodiscard]] Tier& tier() noexcept { return tier_; }
+
+private:
+    enum class entry_state {
+        kept,       // resident, no write planned
+        queued,     // resident, write queued
+        writing,    // write in flight (resident unless written synchronously)
+        offloaded,  // on the tier only
+        reading,    // read in flight, its buffer charged
+        fetched,    // resident and on the tier
+        lost,       // the write failed: error holds why
+    };
+    enum class phase { forward, backward };
+    enum class reserved { no, yes };
+
+    struct entry {
+        std::uint64_t id = 0;
+        std::shared_ptr<const std::string> label_ptr;
+        tensor_identity identity;
+        std::string key;
+        std::size_t nbytes = 0;
+        std::size_t position = 0;  // layer position in forward order within its step
+        std::uint64_t step = 0;
+        entry_state state = entry_state::kept;
+        aligned_buffer buffer;
+        std::size_t refs = 0;
+        bool pinned = false;     // loaded: stays resident until the last release
+        bool on_tier = false;    // a completed write put it on the tier
+        bool forwarded = false;  // counted in bytes_forwarded
+        std::exception_ptr error;       // why the write failed
+        std::exception_ptr read_error;  // the last failed read, for the next load()
+        [[nodiscard]] const std::string& label() const { return *label_ptr; }
+    };
+
+    struct layer_record {
+        std::uint32_t id = 0;
+        layer_profile profile;
+    };
+
+    static double seconds_since(clock::time_point t) {
+        return std::chrono::duration<double>(clock::now() - t).count();
+    }
+    static std::size_t charge_of(std::size_t nbytes) noexcept { return align_up(nbytes == 0 ? 1 : nbytes); }
+
+    stash_handle save_impl(const tensor_desc& desc, std::span<const std::byte> bytes, aligned_buffer* adopt) {
+        const std::size_t nbytes = extent_bytes(desc);
+        expect_argument(bytes.size() == nbytes, "activation_stash::save: " + describe(desc) + " addresses " +
+                                                    bytes_str(nbytes) + " but the buffer handed over holds " +
+                                                    bytes_str(bytes.size()));
+        auto label = std::make_shared<const std::string>(describe(desc));
+        auto identity = tensor_identity::of(desc);
+
+        std::unique_lock lock(mutex_);
+        throw_pending();
+        enter_forward();
+        const std::size_t position = position_of(desc.layer == current_layer
+                                                     ? (scopes_.empty() ? 0u : scopes_.back())
+                                                     : desc.layer);
+        if (entry* hit = find_live(identity)) return add_reference(*hit, nbytes);
+
+        if (nbytes == 0) {  // nothing to hold or write
+            entry& e = new_entry(identity, label, 0, position);
+            e.state = entry_state::kept;
+            return make_handle(e);
+        }
+        const bool offload = decide_offload(nbytes, position);
+        // 1. Room under the budget, 2. a resident copy, 3. the entry.
+        aligned_buffer buffer;
+        std::size_t charge = 0;
+        bool resident = true;
+        if (adopt) {
+            charge = adopt->capacity();
+            resident = make_room(lock, charge);
+            if (resident) account(charge);
+        } else if (auto pooled = take_pooled(nbytes)) {
+            buffer = std::move(*pooled);  // its bytes move from the pool to the tensor
+            charge = buffer.capacity();
+        } else {
+            charge = charge_of(nbytes);
+            resident = make_room(lock, charge);
+            if (resident) account(charge);
+        }
+        if (!resident) return save_synchronously(lock, desc, identity, label, bytes, adopt, position);
+
+        lock.unlock();
+        if (adopt) {
+            buffer = std::move(*adopt);
+        } else {
+            try {
+                if (!buffer.data()) buffer = aligned_buffer(nbytes);
+            } catch (...) {
+                lock.lock();
+                resident_ -= charge;
+                throw;
+            }
+            if (nbytes) std::memcpy(buffer.data(), bytes.data(), nbytes);
+        }
+        lock.lock();
+        if (entry* hit = find_live(identity)) {  // another thread saved it meanwhile
+            if (adopt) *adopt = std::move(buffer);
+            else free_buffer(std::move(buffer));
+            if (adopt) resident_ -= charge;
+            return add_reference(*hit, nbytes);
+        }
+        entry& e = new_entry(identity, label, nbytes, position);
+        e.buffer = std::move(buffer);
+        stats_.bytes_saved += nbytes;
+        if (offload) {
+            e.state = entry_state::queued;
+            queue_write(e);
+        } else {
+            e.state = entry_state::kept;
+            stats_.bytes_kept += nbytes;
+        }
+        return make_handle(e);
+    }
+
+    // The budget leaves no room even after every write finished: write the caller's bytes
+    // from the compute thread (the one case where compute blocks on a write).
+    stash_handle save_synchronously(std::unique_lock<std::mutex>& lock, const tensor_desc& desc,
+                                    const tensor_identity& identity, std::shared_ptr<const std::string> label,
+                                    std::span<const std::byte> bytes, aligned_buffer* adopt, std::size_t position) {
+        (void)desc;
+        entry& e = new_entry(identity, std::move(label), bytes.size(), position);
+        e.state = entry_state::writing;
+        ++stats_.forced_writes;
+        ++writes_pending_;
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+            tier_.write(e.key, bytes).wait();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        lock.lock();
+        --writes_pending_;
+        if (error) {
+            ++stats_.failed_writes;
+            e.error = detail::with_context(error, write_context(e));
+            e.state = entry_state::lost;
+            --stats_.tensors;
+            auto err = e.error;
+            forget_identity(e);
+            if (--e.refs == 0) entries_.erase(e.id);
+            cv_.notify_all();
+            std::rethrow_exception(err);
+        }
+        e.on_tier = true;
+        e.state = entry_state::offloaded;
+        stats_.bytes_saved += e.nbytes;
+        stats_.bytes_offloaded += e.nbytes;
+        if (adopt) {
+            aligned_buffer done = std::move(*adopt);
+            if (pool_bytes_ + done.capacity() <= opt_.pool_limit &&
+                resident_ + done.capacity() <= opt_.memory_budget) {
+                account(done.capacity());
+                pool_bytes_ += done.capacity();
+                std::size_t size = done.size();
+                pool_.emplace(size, std::move(done));
+            }
+        }
+        cv_.notify_all();
+        return make_handle(e);
+    }
+
+    entry& new_entry(const tensor_identity& identity, std::shared_ptr<const std::string> label, std::size_t nbytes,
+                     std::size_t position) {
+        auto owned = std::make_unique<entry>();
+        entry& e = *owned;
+        e.id = ++next_entry_;
+        e.label_ptr = std::move(label);
+        e.identity = identity;
+        e.key = opt_.key_prefix + "-" + std::to_string(serial_) + "-" + std::to_string(e.id);
+        e.nbytes = nbytes;
+        e.position = position;
+        e.step = step_;
+        e.refs = 1;
+        entries_.emplace(e.id, std::move(owned));
+        dedup_[identity] = e.id;
+        order_.push_back(e.id);
+        if (nbytes >= opt_.keep_below_bytes && nbytes > 0 && position < layers_.size())
+            layers_[position].profile.offload_bytes += nbytes;
+        ++stats_.tensors;
+        return e;
+    }
+
+    stash_handle add_reference(entry& e, std::size_t nbytes) {
+        ++e.refs;
+        stats_.bytes_saved += nbytes;
+        stats_.bytes_deduplicated += nbytes;
+        return make_handle(e);
+    }
+
+    stash_handle make_handle(entry& e) {
+        stash_handle h;
+        h.owner_ = serial_;
+        h.id_ = ++next_handle_;
+        h.nbytes_ = e.nbytes;
+        h.label_ = e.label_ptr;
+        h.state_ = stash_handle::state::live;
+        handles_.emplace(h.id_, e.id);
+        ++stats_.saves;
+        return h;
+    }
+
+    entry* find_live(const tensor_identity& identity) {
+        auto it = dedup_.find(identity);
+        if (it == dedup_.end()) return nullptr;
+        auto e = entries_.find(it->second);
+        if (e == entries_.end() || e->second->refs == 0 || e->second->state == entry_state::lost) return nullptr;
+        return e->second.get();
+    }
+    void forget_identity(const entry& e) {
+        auto it = dedup_.find(e.identity);
+        if (it != dedup_.end() && it->second == e.id) dedup_.erase(it);
+    }
+
+    entry& entry_of(const stash_handle& h, const char* op) {
+        std::string who = std::string("activation_stash::") + op + ": ";
+        std::string name = h.label_ ? *h.label_ : std::string("tensor");
+        switch (h.state_) {
+            case stash_handle::state::empty:
+                throw std::invalid_argument(who + "empty handle (default-constructed; use the handle save() returned)");
+            case stash_handle::state::moved_from:
+                throw std::invalid_argument(who + "the handle of " + name +
+                                            " was moved from; use the handle it was moved to");
+            case stash_handle::state::released:
+                throw std::invalid_argument(who + "the handle of " + name + " was already released");
+            case stash_handle::state::live: break;
+        }
+        if (h.owner_ != serial_)
+            throw std::invalid_argument(who + "the handle of " + name + " belongs to another activation_stash");
+        auto it = handles_.find(h.id_);
+        if (it == handles_.end())
+            throw std::invalid_argument(who + "unknown handle of " + name + " (the stash was reset since it was saved)");
+        return *entries_.at(it->second);
+    }
+
+    bool decide_offload(std::size_t nbytes, std::size_t position) const {
+        if (nbytes == 0 || nbytes < opt_.keep_below_bytes) return false;
+        switch (opt_.split) {
+            case split_mode::keep_all: return false;
+            case split_mode::offload_all: return true;
+            case split_mode::adaptive:
+                if (!plan_.planned) return false;  // the profiling step keeps everything
+                return position < first_kept_;
+            case split_mode::fixed: return position < first_kept_;
+        }
+        return false;
+    }
+
+    // ---- steps and layers ---------------------------------------------------------------
+
+    void enter_forward() {
+        if (phase_ == phase::backward) {
+            phase_ = phase::forward;
+            ++step_;
+            layers_.clear();
+            positions_.clear();
+            order_.clear();
+            cursor_ = 0;
+            step_open_ = false;
+            profiling_ = opt_.split == split_mode::adaptive && !plan_.planned;
+        }
+        if (!step_open_) {
+            step_open_ = true;
+            step_start_ = clock::now();
+            profiling_ = opt_.split == split_mode::adaptive && !plan_.planned;
+        }
+    }
+
+    std::size_t position_of(std::uint32_t layer) {
+        auto it = positions_.find(layer);
+        if (it != positions_.end()) return it->second;
+        std::size_t pos = layers_.size();
+        layer_record r;
+        r.id = layer;
+        r.profile.start_seconds = seconds_since(step_start_);
+        layers_.push_back(r);
+        positions_.emplace(layer, pos);
+        return pos;
+    }
+
+    void enter_backward(std::unique_lock<std::mutex>& lock) {
+        if (phase_ == phase::backward) return;
+        phase_ = phase::backward;
+        backward_position_ = layers_.size();
+        cursor_ = order_.size();
+        if (profiling_ && !plan_.planned) plan_split(lock);
+        profiling_ = false;
+    }
+
+    void plan_split(std::unique_lock<std::mutex>& lock) {
+        split_plan p;
+        p.forward_seconds = step_open_ ? seconds_since(step_start_) : 0.0;
+        for (auto& l : layers_) p.layers.push_back(l.profile);
+        p.tier_bandwidth = opt_.tier_bandwidth > 0 ? opt_.tier_bandwidth : probe_bandwidth(lock);
+        first_kept_ = tba_split(p.layers, p.forward_seconds, p.tier_bandwidth);
+        if (first_kept_ >= p.layers.size()) first_kept_ = std::numeric_limits<std::size_t>::max();
+        p.first_kept_layer = first_kept_;
+        p.planned = true;
+        plan_ = std::move(p);
+    }
+
+    // Writes and reads back probe_bytes; the slower direction's bytes per second.
+    double probe_bandwidth(std::unique_lock<std::mutex>& lock) {
+        std::string key = opt_.key_prefix + "-" + std::to_string(serial_) + "-probe";
+        std::size_t n = std::max<std::size_t>(opt_.probe_bytes, 4096);
+        lock.unlock();
+        double bw = 0;
+        try {
+            aligned_buffer buf(n);
+            for (std::size_t i = 0; i < n; i += 4096) buf.data()[i] = std::byte{1};
+            auto t0 = clock::now();
+            tier_.write(key, buf.bytes()).wait();
+            auto t1 = clock::now();
+            tier_.read(key, buf.bytes()).wait();
+            auto t2 = clock::now();
+            erase_blob(key);
+            double w = std::chrono::duration<double>(t1 - t0).count(), r = std::chrono::duration<double>(t2 - t1).count();
+            bw = static_cast<double>(n) / std::max({w, r, 1e-9});
+        } catch (...) {
+            lock.lock();
+            std::rethrow_exception(detail::with_context(
+                std::current_exception(), "activation_stash: measuring the bandwidth of tier " +
+                                              quoted(std::string(tier_.name())) + " with a probe of " + bytes_str(n) +
+                                              " failed (set stash_options::tier_bandwidth to skip the probe)"));
+        }
+        lock.lock();
+        return bw;
+    }
+
+    // ---- memory -----------------------------------------------------------------------
+
+    void account(std::size_t charge) {
+        resident_ += charge;
+        stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_);
+    }
+
+    std::optional<aligned_buffer> take_pooled(std::size_t nbytes) {
+        auto it = pool_.find(nbytes);
+        if (it == pool_.end()) return std::nullopt;
+        aligned_buffer b = std::move(it->second);
+        pool_.erase(it);
+        pool_bytes_ -= b.capacity();
+        return b;
+    }
+
+    // A buffer the stash no longer needs: into the pool (still resident) or freed.
+    void free_buffer(aligned_buffer&& b) {
+        if (!b.data()) return;
+        if (pool_bytes_ + b.capacity() <= opt_.pool_limit) {
+            pool_bytes_ += b.capacity();
+            std::size_t size = b.size();
+            pool_.emplace(size, std::move(b));
+        } else {
+            resident_ -= b.capacity();
+            aligned_buffer gone = std::move(b);
+        }
+    }
+
+    void trim_pool(std::size_t need) {
+        while (!pool_.empty() && resident_ + need > opt_.memory_budget) {
+            auto it = std::prev(pool_.end());  // largest first
+            pool_bytes_ -= it->second.capacity();
+            resident_ -= it->second.capacity();
+            pool_.erase(it);
+        }
+    }
+
+    // Makes room for `charge` more resident bytes without exceeding the budget. Blocking:
+    // trims the pool, drops prefetched tensors not yet loaded (they are on the tier), waits
+    // for writes to free their buffers, and as a last resort queues writes of kept tensors.
+    // False when nothing can make room.
+    bool make_room(std::unique_lock<std::mutex>& lock, std::size_t charge) {
+        if (charge > opt_.memory_budget) return false;
+        std::optional<clock::time_point> since;
+        auto done = [&](bool ok) {
+            if (since) stats_.budget_wait_seconds += seconds_since(*since);
+            return ok;
+        };
+        while (resident_ + charge > opt_.memory_budget) {
+            trim_pool(charge);
+            if (resident_ + charge <= opt_.memory_budget) break;
+            entry* drop_candidate = nullptr;
+            entry* demote_candidate = nullptr;
+            bool writes_will_free = false;
+            for (auto& [id, p] : entries_) {
+                entry& e = *p;
+                if (e.pinned || !e.buffer.data()) continue;
+                if (e.state == entry_state::fetched && (!drop_candidate || e.id < drop_candidate->id)) drop_candidate = &e;
+                if (e.state == entry_state::queued || e.state == entry_state::writing) writes_will_free = true;
+                if (e.state == entry_state::kept && e.nbytes > 0 && (!demote_candidate || e.id < demote_candidate->id))
+                    demote_candidate = &e;
+            }
+            if (drop_candidate) {
+                drop_candidate->state = entry_state::offloaded;
+                resident_ -= drop_candidate->buffer.capacity();
+                aligned_buffer gone = std::move(drop_candidate->buffer);
+                continue;
+            }
+            if (!writes_will_free && demote_candidate) {
+                ++stats_.forced_writes;
+                demote_candidate->state = entry_state::queued;
+                queue_write(*demote_candidate);
+                writes_will_free = true;
+            }
+            if (!writes_will_free) return done(false);
+            if (!since) since = clock::now();
+            cv_.wait(lock);
+        }
+        return done(true);
+    }
+
+    // ---- writes -----------------------------------------------------------------------
+
+    void queue_write(entry& e) {
+        ++writes_pending_;
+        writer_->submit([this, id = e.id] { run_write(id); });
+    }
+
+    std::string write_context(const entry& e) const {
+        return "activation_stash: offloading " + e.label() + " (" + bytes_str(e.nbytes) + ") to tier " +
+               quoted(std::string(tier_.name())) + " failed";
+    }
+    std::string read_context(const entry& e) const {
+        return "activation_stash: loading " + e.label() + " (" + bytes_str(e.nbytes) + ") back from tier " +
+               quoted(std::string(tier_.name())) + " failed";
+    }
+
+    void run_write(std::uint64_t id) {
+        std::unique_lock lock(mutex_);
+        auto it = entries_.find(id);
+        if (it == entries_.end() || it->second->state != entry_state::queued || shutting_down_) {
+            --writes_pending_;  // cancelled: released, taken by backward, or shutting down
+            cv_.notify_all();
+            return;
+        }
+        entry& e = *it->second;
+        e.state = entry_state::writing;
+        std::span<const std::byte> bytes(e.buffer.data(), e.nbytes);
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+            tier_.write(e.key, bytes).wait();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        lock.lock();
+        --writes_pending_;
+        if (error) {
+            ++stats_.failed_writes;
+            e.error = detail::with_context(error, write_context(e));
+            if (!pending_error_) pending_error_ = e.error;
+            if (e.refs == 0) {
+                free_buffer(std::move(e.buffer));
+                entries_.erase(e.id);
+            } else if (e.pinned) {
+                e.state = entry_state::kept;  // backward holds the resident copy: still exact
+            } else {
+                e.state = entry_state::lost;
+                forget_identity(e);
+                resident_ -= e.buffer.capacity();
+                aligned_buffer gone = std::move(e.buffer);
+            }
+        } else {
+            e.on_tier = true;
+            stats_.bytes_offloaded += e.nbytes;
+            if (e.refs == 0) {
+                free_buffer(std::move(e.buffer));
+                erase_blob(e.key);
+                entries_.erase(e.id);
+            } else if (e.pinned || in_prefetch_window(e)) {
+                note_forwarded(e);
+                e.state = entry_state::fetched;
+            } else {
+                free_buffer(std::move(e.buffer));
+                e.state = entry_state::offloaded;
+            }
+            prefetch();
+        }
+        cv_.notify_all();
+    }
+
+    void cancel_write(entry& e) {
+        // The writer will find the entry no longer queued and skip it.
+        e.state = entry_state::kept;
+        ++stats_.write_skips;
+        note_forwarded(e);
+    }
+    void note_forwarded(entry& e) {
+        if (!e.forwarded) {
+            e.forwarded = true;
+            stats_.bytes_forwarded += e.nbytes;
+        }
+    }
+
+    void erase_blob(const std::string& key) noexcept {
+        try {
+            tier_.erase(key);
+        } catch (...) {
+            // A blob the tier cannot erase is left behind; it holds no data anyone reads.
+        }
+    }
+
+    // ---- reads and prefetch -----------------------------------------------------------
+
+    bool in_prefetch_window(const entry& e) const {
+        if (phase_ != phase::backward || e.step != step_) return false;
+        std::size_t lo = backward_position_ > opt_.prefetch_layers ? backward_position_ - opt_.prefetch_layers : 0;
+        return e.position >= lo;
+    }
+
+    // Reads `e` back on a reader thread. With reserved::yes the caller already charged its
+    // bytes; otherwise it charges them here.
+    void start_read(entry& e, reserved r) {
+        std::optional<aligned_buffer> pooled = take_pooled(e.nbytes);
+        if (r == reserved::yes && pooled) resident_ -= charge_of(e.nbytes);  // the pooled buffer was counted
+        if (r == reserved::no && !pooled) account(charge_of(e.nbytes));
+        e.state = entry_state::reading;
+        ++reads_pending_;
+        auto buffer = std::make_shared<aligned_buffer>(pooled ? std::move(*pooled) : aligned_buffer());
+        reader_->submit([this, id = e.id, buffer] { run_read(id, std::move(*buffer)); });
+    }
+
+    void run_read(std::uint64_t id, aligned_buffer buffer) {
+        std::unique_lock lock(mutex_);
+        entry& e = *entries_.at(id);  // a reading entry is never erased before this ends
+        std::string key = e.key;
+        std::size_t nbytes = e.nbytes;
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+            if (!buffer.data()) buffer = aligned_buffer(nbytes);
+            tier_.read(key, std::span<std::byte>(buffer.data(), nbytes)).wait();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        lock.lock();
+        --reads_pending_;
+        if (e.refs == 0) {
+            if (buffer.data()) free_buffer(std::move(buffer));
+            else resident_ -= charge_of(nbytes);
+            erase_blob(e.key);
+            entries_.erase(e.id);
+        } else if (error) {
+            ++stats_.failed_reads;
+            if (buffer.data()) free_buffer(std::move(buffer));
+            else resident_ -= charge_of(nbytes);
+            e.read_error = detail::with_context(error, read_context(e));
+            e.state = entry_state::offloaded;
+        } else {
+            e.buffer = std::move(buffer);
+            e.state = entry_state::fetched;
+            stats_.bytes_loaded += nbytes;
+        }
+        cv_.notify_all();
+    }
+
+    // Issues the prefetches the current backward position calls for, newest save first;
+    // stops at the first read the budget has no room for (retried when room is freed).
+    void prefetch() {
+        if (phase_ != phase::backward || shutting_down_) return;
+        std::size_t lo = backward_position_ > opt_.prefetch_layers ? backward_position_ - opt_.prefetch_layers : 0;
+        while (cursor_ > 0) {
+            auto it = entries_.find(order_[cursor_ - 1]);
+            if (it == entries_.end() || it->second->refs == 0) {
+                --cursor_;
+                continue;
+            }
+            entry& e = *it->second;
+            if (e.position < lo) return;
+            if (e.state == entry_state::queued) {
+                cancel_write(e);
+            } else if (e.state == entry_state::offloaded && !e.read_error) {
+                std::size_t charge = charge_of(e.nbytes);
+                if (!pool_.contains(e.nbytes)) {
+                    trim_pool(charge);
+                    if (resident_ + charge > opt_.memory_budget) return;
+                }
+                start_read(e, reserved::no);
+            }
+            --cursor_;
+        }
+    }
+
+    // The last reference is gone.
+    void drop(entry& e) {
+        forget_identity(e);
+        switch (e.state) {
+            case entry_state::queued:
+                ++stats_.write_skips;
+                [[fallthrough]];
+            case entry_state::kept:
+            case entry_state::fetched:
+            case entry_state::offloaded:
+            case entry_state::lost:
+                free_buffer(std::move(e.buffer));
+                if (e.on_tier) erase_blob(e.key);
+                entries_.erase(e.id);
+                break;
+            case entry_state::writing:
+            case entry_state::reading:
+                break;  // the I/O thread finishes the job
+        }
+    }
+
+    void throw_pending() {
+        if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
+    }
+
+    Tier& tier_;
+    const stash_options opt_;
+    const std::uint64_t serial_;
+
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    std::unordered_map<std::uint64_t, std::unique_ptr<entry>> entries_;
+    std::unordered_map<tensor_identity, std::uint64_t, tensor_identity_hash> dedup_;
+    std::unordered_map<std::uint64_t, std::uint64_t> handles_;  // handle id -> entry id
+    std::multimap<std::size_t, aligned_buffer> pool_;          // by size()
+    std::size_t pool_bytes_ = 0;
+    std::size_t resident_ = 0;
+    stash_stats stats_;
+    std::exception_ptr pending_error_;
+    std::uint64_t next_entry_ = 0, next_handle_ = 0;
+    std::size_t writes_pending_ = 0, reads_pending_ = 0;
+    bool shutting_down_ = false;
+
+    // The current step.
+    phase phase_ = phase::forward;
+    std::uint64_t step_ = 0;
+    bool step_open_ = false;
+    bool profiling_ = false;
+    clock::time_point step_start_{};
+    std::vector<std::uint32_t> scopes_;
+    std::vector<layer_record> layers_;
+    std::unordered_map<std::uint32_t, std::size_t> positions_;
+    std::vector<std::uint64_t> order_;  // entry ids in save order
+    std::size_t cursor_ = 0;            // prefetch walks order_ down from here
+    std::size_t backward_position_ = 0;
+
+    split_plan plan_;
+    std::size_t first_kept_ = std::numeric_limits<std::size_t>::max();
+
+    // Last: destroyed (drained and joined) first, while everything above is alive.
+    std::optional<detail::thread_pool> writer_;
+    std::optional<detail::thread_pool> reader_;
+};
+
+}  // namespace spillway

@@ -1,0 +1,663 @@
+// The activation stash: round trips, deduplication, forwarding, prefetch order, the memory
+// budget, tier failures, handle misuse, the adaptive split and concurrent use.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include <spillway/stash/activation_stash.hpp>
+#include <spillway/tier/faulty_tier.hpp>
+#include <spillway/tier/host_tier.hpp>
+#include <spillway/tier/throttled_tier.hpp>
+
+#include "stash/stash_support.hpp"
+#include "support/random_bytes.hpp"
+
+using namespace spillway;
+using spillway::test::make_desc;
+using spillway::test::random_bytes;
+
+namespace {
+
+stash_options offload_everything() {
+    stash_options o;
+    o.split = split_mode::offload_all;
+    o.keep_below_bytes = 0;
+    o.pool_limit = 0;
+    return o;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+    return haystack.find(needle) != std::string::npos;
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+    try {
+        fn();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "(no exception)";
+}
+
+bool same_bytes(std::span<const std::byte> a, const std::vector<std::byte>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
+    const std::int64_t counts[] = {0, 1, 3, 1023, 1025, 4097, 70001};
+    for (auto mode : {split_mode::offload_all, split_mode::keep_all}) {
+        host_tier tier;
+        auto opts = offload_everything();
+        opts.split = mode;
+        activation_stash stash(tier, opts);
+        struct saved {
+            stash_handle handle;
+            std::vector<std::byte> bytes;
+        };
+        std::vector<saved> all;
+        std::uint64_t id = 0;
+        for (auto type : all_dtypes) {
+            for (auto count : counts) {
+                ++id;
+                auto d = make_desc("t" + std::to_string(id), id, {count}, type);
+                auto bytes = random_bytes(static_cast<std::size_t>(count) * dtype_size(type), id);
+                REQUIRE(extent_bytes(d) == bytes.size());
+                all.push_back({stash.save(d, bytes), bytes});
+                std::fill(bytes.begin(), bytes.end(), std::byte{0});  // the stash kept its own copy
+            }
+        }
+        stash.flush();
+        auto s = stash.stats();
+        std::uint64_t total = 0, nonempty = 0;
+        for (auto& a : all) {
+            total += a.bytes.size();
+            nonempty += a.bytes.empty() ? 0 : a.bytes.size();
+        }
+        CHECK(s.bytes_saved == total);
+        if (mode == split_mode::offload_all) {
+            CHECK(s.bytes_offloaded == nonempty);
+            CHECK(s.resident_bytes == 0);  // empty tensors hold no buffer
+            CHECK(tier.stats().bytes_written == nonempty);
+        } else {
+            CHECK(s.bytes_offloaded == 0);
+            CHECK(s.bytes_kept == nonempty);
+            CHECK(tier.stats().writes == 0);
+        }
+        for (auto it = all.rbegin(); it != all.rend(); ++it) {
+            CHECK(same_bytes(stash.load(it->handle), it->bytes));
+            stash.release(it->handle);
+        }
+        CHECK(tier.used() == 0);  // every blob erased with its last reference
+        CHECK(stash.stats().resident_bytes == 0);
+    }
+}
+
+TEST_CASE("a strided view round-trips its exact extent") {
+    host_tier tier;
+    activation_stash stash(tier, offload_everything());
+    // A (3, 5) f32 view with row stride 8 of an (3, 8) storage: 2*8 + 4 + 1 = 21 elements.
+    tensor_desc d = make_desc("view", 1, {3, 5});
+    d.strides = {8, 1};
+    CHECK(extent_bytes(d) == 21 * 4);
+    auto bytes = random_bytes(21 * 4, 5);
+    auto h = stash.save(d, bytes);
+    stash.flush();
+    CHECK(same_bytes(stash.load(h), bytes));
+    stash.release(h);
+}
+
+TEST_CASE("deduplication: the same tensor is stored once; transposes and new versions are not merged") {
+    test::gated_tier tier;
+    activation_stash stash(tier, offload_everything());
+    const std::size_t n = 64 * 32 * 4;
+    auto bytes = random_bytes(n, 1);
+    auto d = make_desc("x", 7, {64, 32});
+    auto h1 = stash.save(d, bytes);
+    auto h2 = stash.save(d, bytes);
+    tensor_desc explicit_strides = d;
+    explicit_strides.strides = {32, 1};  // the same contiguous layout spelled out
+    auto h3 = stash.save(explicit_strides, bytes);
+    tensor_desc transposed = d;  // the transpose: same storage and bytes, other strides
+    transposed.name = "x.T";
+    transposed.shape = {32, 64};
+    transposed.strides = {1, 32};
+    auto h4 = stash.save(transposed, bytes);
+    tensor_desc bumped = d;  // mutated in place: new version
+    bumped.name = "x'";
+    bumped.version = 1;
+    auto h5 = stash.save(bumped, bytes);
+    tensor_desc other = d;  // equal bytes, another storage: never merged by content
+    other.name = "y";
+    other.storage_id = 8;
+    auto h6 = stash.save(other, bytes);
+    stash.flush();
+
+    auto s = stash.stats();
+    CHECK(s.saves == 6);
+    CHECK(s.tensors == 4);
+    CHECK(s.bytes_saved == 6 * n);
+    CHECK(s.bytes_deduplicated == 2 * n);
+    CHECK(s.bytes_offloaded == 4 * n);
+    CHECK(tier.write_log().size() == 4);
+
+    // Releasing one of three references keeps the tensor; the last one frees it.
+    stash.release(h1);
+    CHECK(same_bytes(stash.load(h2), bytes));
+    CHECK(same_bytes(stash.load(h3), bytes));
+    CHECK(same_bytes(stash.load(h4), bytes));
+    stash.release(h2);
+    stash.release(h3);
+    stash.release(h4);
+    stash.release(h5);
+    stash.release(h6);
+    CHECK(tier.inner().used() == 0);
+    // One layer: backward's first load prefetched all four; x was read once for h2 and h3.
+    CHECK(stash.stats().bytes_loaded == 4 * n);
+
+    // Saved again after the last release: a new tensor.
+    auto h7 = stash.save(d, bytes);
+    CHECK(stash.stats().tensors == 5);
+    stash.release(h7);
+}
+
+TEST_CASE("forwarding: backward takes tensors still in memory; unstarted writes are skipped") {
+    test::gated_tier tier;
+    auto opts = offload_everything();
+    opts.prefetch_layers = 0;
+    activation_stash stash(tier, opts);
+    const std::size_t n = 256 * 1024;
+    auto x = random_bytes(n, 1), y = random_bytes(n, 2);
+    tier.close_writes();
+    stash.begin_layer(0);
+    auto hx = stash.save(make_desc("x", 1, {64 * 1024}), x);
+    stash.end_layer();
+    tier.wait_writes_entered(1);  // x's write is in flight, held at the gate
+    stash.begin_layer(1);
+    auto hy = stash.save(make_desc("y", 2, {64 * 1024}), y);  // queued behind it
+    stash.end_layer();
+
+    CHECK(stash.ready(hy));
+    CHECK(same_bytes(stash.load(hy), y));  // write not started: skipped, served from memory
+    CHECK(stash.ready(hx));
+    CHECK(same_bytes(stash.load(hx), x));  // write in flight: served from memory, no read
+    auto s = stash.stats();
+    CHECK(s.write_skips == 1);
+    CHECK(s.bytes_forwarded == 2 * n);
+    CHECK(s.bytes_loaded == 0);
+
+    tier.open_writes();
+    stash.flush();
+    s = stash.stats();
+    CHECK(s.bytes_offloaded == n);  // only x was ever written
+    CHECK(tier.write_log().size() == 1);
+    CHECK(tier.read_log().empty());
+    CHECK(same_bytes(stash.load(hx), x));  // still resident after its write completed
+    stash.release(hx);
+    stash.release(hy);
+    CHECK(tier.inner().used() == 0);
+}
+
+TEST_CASE("offloaded tensors leave memory and are read back exactly") {
+    host_tier tier;
+    activation_stash stash(tier, offload_everything());
+    const std::size_t n = 1 << 20;
+    std::vector<std::vector<std::byte>> data;
+    std::vector<stash_handle> handles;
+    for (int i = 0; i < 4; ++i) {
+        data.push_back(random_bytes(n, 10 + i));
+        handles.push_back(stash.save(make_desc("a" + std::to_string(i), 100 + i, {1 << 18}), data.back()));
+    }
+    stash.flush();
+    auto s = stash.stats();
+    CHECK(s.resident_bytes == 0);
+    CHECK(s.peak_resident_bytes >= n);
+    CHECK(s.peak_resident_bytes <= 4 * n);
+    CHECK_FALSE(stash.ready(handles[0]));
+    for (int i = 3; i >= 0; --i) {
+        CHECK(same_bytes(stash.load(handles[i]), data[i]));
+        stash.release(handles[i]);
+    }
+    s = stash.stats();
+    CHECK(s.bytes_loaded == 4 * n);
+    CHECK(s.bytes_forwarded == 0);
+}
+
+TEST_CASE("prefetch reads in reverse order of saving, a set number of layers ahead") {
+    test::gated_tier tier;
+    auto opts = offload_everything();
+    opts.prefetch_layers = 2;
+    activation_stash stash(tier, opts);
+    const int layers = 6;
+    std::vector<std::vector<std::byte>> data;
+    std::vector<stash_handle> handles;
+    for (int l = 0; l < layers; ++l) {
+        stash.begin_layer(static_cast<std::uint32_t>(100 + l));  // ids need not be positions
+        data.push_back(random_bytes(64 * 1024, l));
+        handles.push_back(stash.save(make_desc("h" + std::to_string(l), l + 1, {16 * 1024}), data.back()));
+        stash.end_layer();
+    }
+    stash.flush();
+    auto writes = tier.write_log();
+    REQUIRE(writes.size() == layers);
+
+    stash.start_backward();  // the last two layers come back at once
+    CHECK(test::eventually([&] { return tier.read_log().size() == 2; }));
+    CHECK(test::eventually([&] { return stash.ready(handles[4]); }));
+    for (int l = layers - 1; l >= 0; --l) {
+        CHECK(same_bytes(stash.load(handles[l]), data[l]));
+        // Loading layer l brings back layers down to l - 2.
+        auto expect = static_cast<std::size_t>(std::min(layers, layers - l + 2));
+        CHECK(test::eventually([&] { return tier.read_log().size() == expect; }));
+        stash.release(handles[l]);
+    }
+    auto reads = tier.read_log();
+    std::vector<std::string> reversed(writes.rbegin(), writes.rend());
+    CHECK(reads == reversed);
+}
+
+TEST_CASE("the memory budget is never exceeded") {
+    const std::size_t n = 256 * 1024;
+    const std::size_t budget = 3 * n;
+    SUBCASE("offloaded tensors: save waits for writes to make room") {
+        throttled_tier<host_tier> tier(throttle_config::joint({.bytes_per_second = 100e6, .burst_bytes = 4096}));
+        auto opts = offload_everything();
+        opts.memory_budget = budget;
+        opts.pool_limit = n;  // the pool is inside the budget too
+        activation_stash stash(tier, opts);
+        std::vector<std::vector<std::byte>> data;
+        std::vector<stash_handle> handles;
+        for (int i = 0; i < 12; ++i) {
+            stash.begin_layer(static_cast<std::uint32_t>(i));
+            data.push_back(random_bytes(n, i));
+            handles.push_back(stash.save(make_desc("b" + std::to_string(i), i + 1, {64 * 1024}), data.back()));
+            stash.end_layer();
+            CHECK(stash.stats().resident_bytes <= budget);
+        }
+        auto s = stash.stats();
+        CHECK(s.budget_wait_seconds > 0);
+        for (int i = 11; i >= 0; --i) {
+            CHECK(same_bytes(stash.load(handles[i]), data[i]));
+            stash.release(handles[i]);
+            CHECK(stash.stats().resident_bytes <= budget);
+        }
+        CHECK(stash.stats().peak_resident_bytes <= budget);
+        CHECK(stash.stats().peak_resident_bytes >= 2 * n);
+    }
+    SUBCASE("kept tensors: the budget forces writes of kept tensors") {
+        host_tier tier;
+        stash_options opts;
+        opts.split = split_mode::keep_all;
+        opts.memory_budget = budget;
+        opts.pool_limit = 0;
+        activation_stash stash(tier, opts);
+        std::vector<std::vector<std::byte>> data;
+        std::vector<stash_handle> handles;
+        for (int i = 0; i < 8; ++i) {
+            data.push_back(random_bytes(n, i));
+            handles.push_back(stash.save(make_desc("k" + std::to_string(i), i + 1, {64 * 1024}), data.back()));
+        }
+        auto s = stash.stats();
+        CHECK(s.forced_writes >= 5);
+        CHECK(s.peak_resident_bytes <= budget);
+        for (int i = 7; i >= 0; --i) {
+            CHECK(same_bytes(stash.load(handles[i]), data[i]));
+            stash.release(handles[i]);
+        }
+        CHECK(stash.stats().peak_resident_bytes <= budget);
+    }
+    SUBCASE("a tensor larger than the budget is written synchronously and cannot be loaded") {
+        host_tier tier;
+        auto opts = offload_everything();
+        opts.memory_budget = n;
+        activation_stash stash(tier, opts);
+        auto big = random_bytes(2 * n, 3);
+        auto h = stash.save(make_desc("big", 1, {128 * 1024}), big);
+        auto s = stash.stats();
+        CHECK(s.forced_writes == 1);
+        CHECK(s.peak_resident_bytes == 0);
+        CHECK(tier.used() == 2 * n);
+        auto msg = error_of([&] { (void)stash.load(h); });
+        CHECK(contains(msg, "'big'"));
+        CHECK(contains(msg, "budget"));
+        CHECK_THROWS_AS((void)stash.load(h), std::length_error);
+        stash.release(h);
+        CHECK(tier.used() == 0);
+    }
+}
+
+TEST_CASE("a tier failure during save raises an error naming the tensor") {
+    faulty_tier<host_tier> tier;
+    activation_stash stash(tier, offload_everything());
+    const std::size_t n = 64 * 1024;
+    auto a = random_bytes(n, 1), b = random_bytes(n, 2);
+    tier.fail_nth(fault_op::write, 1, EIO);
+    auto ha = stash.save(make_desc("act.a", 1, {16 * 1024}), a);
+    try {
+        stash.flush();
+        FAIL("flush after a failed write did not throw");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == EIO);
+        CHECK(contains(e.what(), "'act.a'"));
+        CHECK(contains(e.what(), "offloading"));
+    }
+    stash.flush();  // reported once
+    auto msg = error_of([&] { (void)stash.load(ha); });
+    CHECK(contains(msg, "'act.a'"));
+    CHECK_THROWS_AS((void)stash.load(ha), std::system_error);  // never data
+    auto hb = stash.save(make_desc("act.b", 2, {16 * 1024}), b);
+    stash.flush();
+    CHECK(same_bytes(stash.load(hb), b));
+    stash.release(ha);
+    stash.release(hb);
+
+    SUBCASE("the next save reports the failure and stores nothing") {
+        tier.fail_nth(fault_op::write, 1, ENOSPC);
+        auto hc = stash.save(make_desc("act.c", 3, {16 * 1024}), a);
+        CHECK(test::eventually([&] { return stash.stats().failed_writes == 2; }));
+        auto before = stash.stats().tensors;
+        auto m = error_of([&] { (void)stash.save(make_desc("act.d", 4, {16 * 1024}), b); });
+        CHECK(contains(m, "'act.c'"));
+        CHECK(stash.stats().tensors == before);
+        auto hd = stash.save(make_desc("act.d", 4, {16 * 1024}), b);
+        stash.flush();
+        CHECK(same_bytes(stash.load(hd), b));
+        stash.release(hc);
+        stash.release(hd);
+    }
+    SUBCASE("a synchronous write forced by the budget throws from save") {
+        activation_stash small(tier, [] {
+            auto o = offload_everything();
+            o.memory_budget = 4096;
+            return o;
+        }());
+        tier.fail_nth(fault_op::write, 1, EIO);
+        auto m = error_of([&] { (void)small.save(make_desc("act.e", 5, {16 * 1024}), a); });
+        CHECK(contains(m, "'act.e'"));
+        CHECK(small.stats().tensors == 0);
+    }
+}
+
+TEST_CASE("a tier failure during load raises an error naming the tensor, never wrong data") {
+    faulty_tier<host_tier> tier;
+    auto opts = offload_everything();
+    opts.prefetch_layers = 0;
+    activation_stash stash(tier, opts);
+    const std::size_t n = 64 * 1024;
+    auto a = random_bytes(n, 1);
+    SUBCASE("a read error; the next load retries") {
+        auto h = stash.save(make_desc("act.r", 1, {16 * 1024}), a);
+        stash.flush();
+        tier.fail_nth(fault_op::read, 1, EIO);
+        try {
+            (void)stash.load(h);
+            FAIL("load after a failed read did not throw");
+        } catch (const std::system_error& e) {
+            CHECK(e.code().value() == EIO);
+            CHECK(contains(e.what(), "'act.r'"));
+            CHECK(contains(e.what(), "loading"));
+        }
+        CHECK(stash.stats().failed_reads == 1);
+        CHECK(same_bytes(stash.load(h), a));
+        stash.release(h);
+    }
+    SUBCASE("a torn write is caught by the read's size check") {
+        tier.inject_torn_write(1);
+        auto h = stash.save(make_desc("act.torn", 2, {16 * 1024}), a);
+        stash.flush();  // the tier lied: the write "succeeded"
+        auto m = error_of([&] { (void)stash.load(h); });
+        CHECK(contains(m, "'act.torn'"));
+        CHECK_THROWS((void)stash.load(h));
+        stash.release(h);
+    }
+    SUBCASE("a prefetched read error is raised by the load that needs it") {
+        activation_stash ahead(tier, offload_everything());
+        auto h0 = ahead.save(make_desc("p0", 10, {16 * 1024}, dtype::f32, 0), a);
+        auto h1 = ahead.save(make_desc("p1", 11, {16 * 1024}, dtype::f32, 1), a);
+        ahead.flush();
+        tier.fail_always(fault_op::read, EIO);
+        ahead.start_backward();
+        CHECK(test::eventually([&] { return ahead.stats().failed_reads == 2; }));
+        CHECK(contains(error_of([&] { (void)ahead.load(h1); }), "'p1'"));
+        CHECK(contains(error_of([&] { (void)ahead.load(h0); }), "'p0'"));
+        tier.clear_faults();
+        CHECK(same_bytes(ahead.load(h0), a));
+        ahead.release(h0);
+        ahead.release(h1);
+    }
+}
+
+TEST_CASE("misuse of handles and descriptions is a clear error naming the tensor") {
+    host_tier tier;
+    activation_stash stash(tier, offload_everything());
+    auto bytes = random_bytes(400, 1);
+    auto h = stash.save(make_desc("w1.out", 1, {100}), bytes);
+
+    stash_handle moved = std::move(h);
+    CHECK(contains(error_of([&] { (void)stash.load(h); }), "moved from"));
+    CHECK(contains(error_of([&] { (void)stash.load(h); }), "'w1.out'"));
+    stash.release(moved);
+    CHECK_FALSE(moved.valid());
+    auto m = error_of([&] { (void)stash.load(moved); });
+    CHECK(contains(m, "already released"));
+    CHECK(contains(m, "'w1.out'"));
+    CHECK(contains(error_of([&] { stash.release(moved); }), "already released"));
+    CHECK_THROWS_AS(stash.release(moved), std::invalid_argument);
+
+    stash_handle empty;
+    CHECK(contains(error_of([&] { (void)stash.load(empty); }), "empty handle"));
+    CHECK_THROWS_AS(stash.release(empty), std::invalid_argument);
+
+    host_tier tier2;
+    activation_stash other(tier2, offload_everything());
+    auto foreign = other.save(make_desc("foreign", 9, {100}), bytes);
+    m = error_of([&] { (void)stash.load(foreign); });
+    CHECK(contains(m, "another activation_stash"));
+    CHECK(contains(m, "'foreign'"));
+
+    auto h2 = stash.save(make_desc("kept.over.reset", 2, {100}), bytes);
+    stash.reset();
+    m = error_of([&] { (void)stash.load(h2); });
+    CHECK(contains(m, "unknown handle"));
+    CHECK(contains(m, "'kept.over.reset'"));
+    CHECK(tier.used() == 0);
+
+    // Bad descriptions: nothing is stored.
+    m = error_of([&] { (void)stash.save(make_desc("short", 3, {101}), bytes); });
+    CHECK(contains(m, "'short'"));
+    CHECK(contains(m, "404 bytes"));
+    CHECK(contains(m, "400 bytes"));
+    tensor_desc neg = make_desc("neg", 4, {10, 10});
+    neg.strides = {-10, 1};
+    CHECK(contains(error_of([&] { (void)stash.save(neg, bytes); }), "negative stride"));
+    tensor_desc rank = make_desc("rank", 5, {10, 10});
+    rank.strides = {1};
+    CHECK(contains(error_of([&] { (void)stash.save(rank, bytes); }), "'rank'"));
+    CHECK_THROWS_AS((void)stash.save(rank, bytes), std::invalid_argument);
+
+    stash_options bad;
+    bad.key_prefix = "../up";
+    CHECK_THROWS_AS(activation_stash(tier, bad), std::invalid_argument);
+    bad = {};
+    bad.write_threads = 0;
+    CHECK_THROWS_AS(activation_stash(tier, bad), std::invalid_argument);
+    other.release(foreign);
+}
+
+TEST_CASE("TBA's split rule") {
+    std::vector<layer_profile> layers = {{100, 0.0}, {100, 1.0}, {100, 2.0}, {100, 3.0}};
+    // required(N) = (before + 2 x bytes of N) / (3 x 4 - 2 x start of N)
+    CHECK(required_bandwidth(layers, 0, 4.0) == doctest::Approx(200.0 / 12.0));
+    CHECK(required_bandwidth(layers, 1, 4.0) == doctest::Approx(300.0 / 10.0));
+    CHECK(required_bandwidth(layers, 2, 4.0) == doctest::Approx(400.0 / 8.0));
+    CHECK(required_bandwidth(layers, 3, 4.0) == doctest::Approx(500.0 / 6.0));
+    CHECK(tba_split(layers, 4.0, 10.0) == 0);
+    CHECK(tba_split(layers, 4.0, 40.0) == 2);
+    CHECK(tba_split(layers, 4.0, 60.0) == 3);
+    CHECK(tba_split(layers, 4.0, 100.0) == 4);
+    std::vector<layer_profile> with_empty = {{0, 0.0}, {100, 1.0}};
+    CHECK(required_bandwidth(with_empty, 0, 2.0) == 0.0);
+}
+
+TEST_CASE("fixed split: layers from the split on stay in memory") {
+    host_tier tier;
+    stash_options opts;
+    opts.split = split_mode::fixed;
+    opts.first_kept_layer = 2;
+    opts.keep_below_bytes = 8192;
+    activation_stash stash(tier, opts);
+    const std::size_t n = 64 * 1024;
+    std::vector<stash_handle> handles;
+    auto bytes = random_bytes(n, 1);
+    auto small = random_bytes(4096, 2);
+    for (std::uint32_t l = 0; l < 4; ++l) {
+        stash.begin_layer(l);
+        handles.push_back(stash.save(make_desc("big" + std::to_string(l), l + 1, {16 * 1024}), bytes));
+        handles.push_back(stash.save(make_desc("small" + std::to_string(l), l + 11, {1024}), small));
+        stash.end_layer();
+    }
+    stash.flush();
+    auto s = stash.stats();
+    CHECK(s.bytes_offloaded == 2 * n);                   // big0, big1
+    CHECK(s.bytes_kept == 2 * n + 4 * small.size());    // big2, big3 and every small tensor
+    for (auto& h : handles) stash.release(h);
+}
+
+TEST_CASE("adaptive split: a profiling step keeps everything, then TBA's rule picks the split") {
+    // 4 layers of 1 MiB, about 10 ms each; a 40 MB/s tier: the rule keeps the last layers.
+    throttled_tier<host_tier> tier(throttle_config::joint({.bytes_per_second = 40e6, .burst_bytes = 4096}));
+    stash_options opts;
+    opts.keep_below_bytes = 4096;
+    opts.probe_bytes = 2 << 20;
+    activation_stash stash(tier, opts);
+    const std::size_t n = 1 << 20;
+    auto bytes = random_bytes(n, 1);
+    auto step = [&](std::uint64_t version) {
+        std::vector<stash_handle> handles;
+        for (std::uint32_t l = 0; l < 4; ++l) {
+            stash.begin_layer(l);
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            auto d = make_desc("l" + std::to_string(l), l + 1, {1 << 18});
+            d.version = version;
+            handles.push_back(stash.save(d, bytes));
+            stash.end_layer();
+        }
+        for (auto it = handles.rbegin(); it != handles.rend(); ++it) {
+            CHECK(same_bytes(stash.load(*it), bytes));
+            stash.release(*it);
+        }
+    };
+    CHECK_FALSE(stash.plan().planned);
+    step(0);
+    auto s0 = stash.stats();
+    CHECK(s0.bytes_offloaded == 0);
+    CHECK(s0.bytes_kept == 4 * n);
+    auto plan = stash.plan();
+    REQUIRE(plan.planned);
+    REQUIRE(plan.layers.size() == 4);
+    CHECK(plan.forward_seconds >= 0.04);
+    CHECK(plan.layers[3].start_seconds >= 0.03);
+    CHECK(plan.layers[2].offload_bytes == n);
+    CHECK(plan.tier_bandwidth > 10e6);  // the probe saw the throttle, give or take
+    CHECK(plan.tier_bandwidth < 80e6);
+    auto split = tba_split(plan.layers, plan.forward_seconds, plan.tier_bandwidth);
+    CHECK(plan.first_kept_layer == (split == 4 ? std::numeric_limits<std::size_t>::max() : split));
+    MESSAGE("adaptive split at layer " << split << " of 4, tier " << plan.tier_bandwidth / 1e6 << " MB/s, forward "
+                                       << plan.forward_seconds * 1e3 << " ms");
+
+    step(1);
+    auto s1 = stash.stats();
+    CHECK(s1.bytes_kept - s0.bytes_kept == (4 - split) * n);
+    CHECK(s1.bytes_offloaded + s1.bytes_forwarded >= split * n);
+}
+
+TEST_CASE("adaptive split with a stated bandwidth: fast keeps nothing, slow keeps everything") {
+    for (double bw : {1e15, 1.0}) {
+        host_tier tier;
+        stash_options opts;
+        opts.keep_below_bytes = 0;
+        opts.tier_bandwidth = bw;
+        activation_stash stash(tier, opts);
+        auto bytes = random_bytes(8192, 1);
+        for (int step = 0; step < 2; ++step) {
+            std::vector<stash_handle> handles;
+            for (std::uint32_t l = 0; l < 3; ++l) {
+                stash.begin_layer(l);
+                handles.push_back(stash.save(make_desc("l", l + 1, {2048}), bytes));
+                stash.end_layer();
+            }
+            stash.flush();
+            for (auto& h : handles) {
+                CHECK(same_bytes(stash.load(h), bytes));
+                stash.release(h);
+            }
+        }
+        auto plan = stash.plan();
+        if (bw > 1) {
+            CHECK(plan.first_kept_layer == std::numeric_limits<std::size_t>::max());
+            CHECK(stash.stats().bytes_offloaded == 3 * 8192);
+        } else {
+            CHECK(plan.first_kept_layer == 0);
+            CHECK(stash.stats().bytes_offloaded == 0);
+        }
+    }
+}
+
+TEST_CASE("concurrent saves, loads and releases from several threads") {
+#ifdef SPILLWAY_SANITIZED
+    const int per_thread = 40;
+#else
+    const int per_thread = 200;
+#endif
+    host_tier tier;
+    auto opts = offload_everything();
+    opts.write_threads = 2;
+    opts.read_threads = 2;
+    opts.pool_limit = 1 << 20;
+    opts.memory_budget = 4 << 20;
+    activation_stash stash(tier, opts);
+    auto shared = random_bytes(32 * 1024, 99);
+    std::atomic<int> failures{0};
+    auto worker = [&](int t) {
+        std::vector<std::pair<stash_handle, std::vector<std::byte>>> mine;
+        for (int i = 0; i < per_thread; ++i) {
+            auto n = static_cast<std::size_t>(4096 * (1 + (i * 7 + t) % 8));
+            auto bytes = random_bytes(n, static_cast<std::uint64_t>(t * 1000 + i));
+            auto d = make_desc("t" + std::to_string(t) + "." + std::to_string(i),
+                               static_cast<std::uint64_t>(t * 1000 + i + 1), {static_cast<std::int64_t>(n)},
+                               dtype::u8);
+            mine.emplace_back(stash.save(d, bytes), bytes);
+            // Every thread also saves one tensor all threads share: deduplicated concurrently.
+            mine.emplace_back(stash.save(make_desc("shared", 424242, {32 * 1024}, dtype::u8), shared), shared);
+            if (i % 5 == 4) {  // a little backward while others still run forward
+                for (int k = 0; k < 4; ++k) {
+                    auto& [h, b] = mine.back();
+                    if (!same_bytes(stash.load(h), b)) ++failures;
+                    stash.release(h);
+                    mine.pop_back();
+                }
+            }
+        }
+        while (!mine.empty()) {
+            auto& [h, b] = mine.back();
+            if (!same_bytes(stash.load(h), b)) ++failures;
+            stash.release(h);
+            mine.pop_back();
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+    for (auto& th : threads) th.join();
+    CHECK(failures == 0);
+    auto s = stash.stats();
+    CHECK(s.peak_resident_bytes <= opts.memory_budget);
+    CHECK(s.bytes_deduplicated > 0);
+    stash.flush();
+    CHECK(tier.used() == 0);
+}
