@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -68,7 +69,7 @@ private:
     template <class Make>
     std::filesystem::path fresh(std::optional<temp_dir>& root, Make&& make) {
         if (!root) root.emplace(make());
-        auto p = root->path() / ("t" + std::to_string(next_++));
+        auto p = root->path() / (std::string("t") + std::to_string(next_++));
         std::filesystem::create_directory(p);
         return p;
     }
@@ -115,24 +116,24 @@ struct host_factory {
 struct file_disk_factory {
     using tier_type = file_tier<>;
     static std::string name() { return "file(disk)"; }
-    static auto args(tier_env& env) { return std::tuple(env.disk_dir(), file_tier_options{}); }
     static auto bounded_args(tier_env& env, std::size_t capacity) {
         file_tier_options o;
         o.capacity = capacity;
         return std::tuple(env.disk_dir(), std::move(o));
     }
+    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
 };
 
 /// file_tier<> on tmpfs (/dev/shm): O_DIRECT is refused there, so this is the buffered path.
 struct file_shm_factory {
     using tier_type = file_tier<>;
     static std::string name() { return "file(shm)"; }
-    static auto args(tier_env& env) { return std::tuple(env.shm_dir(), file_tier_options{}); }
     static auto bounded_args(tier_env& env, std::size_t capacity) {
         file_tier_options o;
         o.capacity = capacity;
         return std::tuple(env.shm_dir(), std::move(o));
     }
+    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
 };
 
 // ---- Decorator factories ---------------------------------------------------------------
@@ -145,7 +146,7 @@ template <class F>
     requires buildable_from_args<F>
 struct throttled_of {
     using tier_type = throttled_tier<typename F::tier_type>;
-    static std::string name() { return "throttled(" + F::name() + ")"; }
+    static std::string name() { return std::string("throttled(") + F::name() + ")"; }
     static auto args(tier_env& env) {
         return std::tuple_cat(std::tuple(conformance_throttle(), std::in_place), F::args(env));
     }
@@ -161,7 +162,7 @@ template <class F>
     requires buildable_from_args<F>
 struct faulty_of {
     using tier_type = faulty_tier<typename F::tier_type>;
-    static std::string name() { return "faulty(" + F::name() + ")"; }
+    static std::string name() { return std::string("faulty(") + F::name() + ")"; }
     static auto args(tier_env& env) { return std::tuple_cat(std::tuple(std::in_place), F::args(env)); }
     static auto bounded_args(tier_env& env, std::size_t capacity)
         requires has_capacity_bound<F>

@@ -47,7 +47,7 @@ TEST_CASE_TEMPLATE("conformance: round trips of sizes from 1 byte to the largest
     std::size_t total = 0;
     for (std::size_t n : sizes) {
         CAPTURE(n);
-        auto key = "blob-" + std::to_string(n);
+        auto key = std::string("blob-") + std::to_string(n);
         auto data = random_bytes(n, seed++);
         put(*tier, key, data);
         CHECK(tier->size_of(key) == n);
@@ -107,7 +107,7 @@ TEST_CASE_TEMPLATE("conformance: contains, size_of and used keep account", F, SP
     CHECK_FALSE(std::string(tier->name()).empty());
     std::size_t total = 0;
     for (std::size_t i = 1; i <= 20; ++i) {
-        auto key = "key" + std::to_string(i);
+        auto key = std::string("key") + std::to_string(i);
         CHECK_FALSE(tier->contains(key));
         std::size_t n = i * 997;
         put(*tier, key, random_bytes(n, i));
@@ -117,7 +117,7 @@ TEST_CASE_TEMPLATE("conformance: contains, size_of and used keep account", F, SP
         CHECK(tier->used() == total);
     }
     for (std::size_t i = 1; i <= 20; i += 2) {
-        CHECK(tier->erase("key" + std::to_string(i)));
+        CHECK(tier->erase(std::string("key") + std::to_string(i)));
         total -= i * 997;
     }
     CHECK(tier->used() == total);
@@ -137,7 +137,7 @@ TEST_CASE_TEMPLATE("conformance: many operations in flight at once", F, SPILLWAY
     std::vector<std::vector<std::byte>> blobs;
     for (std::size_t i = 0; i < count; ++i) blobs.push_back(random_bytes(1 + rng() % (256 * KiB), 1000 + i));
     std::vector<io_completion> writes;
-    for (std::size_t i = 0; i < count; ++i) writes.push_back(tier->write("k" + std::to_string(i), blobs[i]));
+    for (std::size_t i = 0; i < count; ++i) writes.push_back(tier->write(std::string("k") + std::to_string(i), blobs[i]));
     for (std::size_t i = 0; i < count; ++i) CHECK(writes[i].wait() == blobs[i].size());
 
     // Reads of every key in flight together, with rewrites of other keys mixed in.
@@ -146,8 +146,8 @@ TEST_CASE_TEMPLATE("conformance: many operations in flight at once", F, SPILLWAY
     auto fresh = random_bytes(100 * KiB, 5);
     std::vector<io_completion> ops;
     for (std::size_t i = 0; i < count; ++i) {
-        ops.push_back(tier->read("k" + std::to_string(i), backs[i]));
-        ops.push_back(tier->write("new" + std::to_string(i), fresh));
+        ops.push_back(tier->read(std::string("k") + std::to_string(i), backs[i]));
+        ops.push_back(tier->write(std::string("new") + std::to_string(i), fresh));
     }
     for (auto& c : ops) c.wait();
     for (std::size_t i = 0; i < count; ++i) CHECK(backs[i] == blobs[i]);
@@ -166,7 +166,7 @@ TEST_CASE_TEMPLATE("conformance: several threads on different keys", F, SPILLWAY
         pool.emplace_back([&, t] {
             std::mt19937_64 rng(static_cast<std::uint64_t>(t));
             for (int r = 0; r < rounds; ++r) {
-                auto key = "t" + std::to_string(t) + "-" + std::to_string(r % 5);
+                auto key = std::string("t") + std::to_string(t) + "-" + std::to_string(r % 5);
                 auto data = random_bytes(1 + rng() % (64 * KiB), rng());
                 std::vector<std::byte> back(data.size());
                 try {
@@ -185,7 +185,7 @@ TEST_CASE_TEMPLATE("conformance: several threads on different keys", F, SPILLWAY
     CHECK(errors.load() == 0);
     std::size_t total = 0;
     for (int t = 0; t < threads; ++t)
-        for (int k = 0; k < 5; ++k) total += tier->size_of("t" + std::to_string(t) + "-" + std::to_string(k)).value_or(0);
+        for (int k = 0; k < 5; ++k) total += tier->size_of(std::string("t") + std::to_string(t) + "-" + std::to_string(k)).value_or(0);
     CHECK(tier->used() == total);
 }
 
@@ -198,10 +198,10 @@ TEST_CASE_TEMPLATE("conformance: destroying a tier with operations in flight wai
     std::vector<io_completion> ops;
     {
         auto tier = make<F>(env);
-        for (int i = 0; i < 16; ++i) put(*tier, "r" + std::to_string(i), data);
+        for (int i = 0; i < 16; ++i) put(*tier, std::string("r") + std::to_string(i), data);
         for (int i = 0; i < 16; ++i) {
-            ops.push_back(tier->write("w" + std::to_string(i), data));
-            ops.push_back(tier->read("r" + std::to_string(i), backs[static_cast<std::size_t>(i)]));
+            ops.push_back(tier->write(std::string("w") + std::to_string(i), data));
+            ops.push_back(tier->read(std::string("r") + std::to_string(i), backs[static_cast<std::size_t>(i)]));
         }
     }  // the tier is destroyed here, operations possibly still in flight
     for (auto& c : ops) {
@@ -298,12 +298,12 @@ TEST_CASE_TEMPLATE("conformance: stats count bytes, operations and failures", F,
     std::vector<std::size_t> sizes = {1, 4096, 100000, 3 * MiB + 1};
     std::size_t written = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-        put(*tier, "k" + std::to_string(i), random_bytes(sizes[i], i));
+        put(*tier, std::string("k") + std::to_string(i), random_bytes(sizes[i], i));
         written += sizes[i];
     }
     std::size_t read = 0;
     for (std::size_t i = 1; i < sizes.size(); ++i) {
-        get(*tier, "k" + std::to_string(i), sizes[i]);
+        get(*tier, std::string("k") + std::to_string(i), sizes[i]);
         read += sizes[i];
     }
     std::vector<std::byte> back(10);
@@ -368,7 +368,7 @@ TEST_CASE_TEMPLATE("conformance faults: a dead path fails everything until clear
     tier->fail_always(fault_op::any, EIO);
     std::vector<std::byte> back(5000);
     for (int i = 0; i < 3; ++i) {
-        check_system_error(run([&] { return tier->write("x" + std::to_string(i), data); }), EIO, {"EIO"});
+        check_system_error(run([&] { return tier->write(std::string("x") + std::to_string(i), data); }), EIO, {"EIO"});
         check_system_error(run([&] { return tier->read("k", back); }), EIO, {"'k'"});
     }
     CHECK(tier->used() == 5000);
@@ -411,14 +411,14 @@ TEST_CASE_TEMPLATE("conformance faults: a torn write is detected by the next rea
     auto tier = make<F>(env);
     for (std::size_t n : {std::size_t{1}, std::size_t{4097}, MiB + 3}) {
         CAPTURE(n);
-        auto key = "k" + std::to_string(n);
+        auto key = std::string("k") + std::to_string(n);
         auto data = random_bytes(n, n);
         tier->inject_torn_write();
         CHECK(run([&] { return tier->write(key, data); }).nbytes == n);  // the device lied
         std::vector<std::byte> back(n);
         auto o = run([&] { return tier->read(key, back); });
         CHECK_MESSAGE(o.error, "a torn blob was returned as data");
-        check_invalid_argument(o, {"'" + key + "'", std::to_string(n), std::to_string(n / 2)});
+        check_invalid_argument(o, {std::string("'") + key + "'", std::to_string(n), std::to_string(n / 2)});
         put(*tier, key, data);  // a clean rewrite repairs it
         CHECK(get(*tier, key, n) == data);
     }
@@ -436,7 +436,7 @@ TEST_CASE_TEMPLATE("conformance faults: other keys stay usable while one path mi
     std::vector<io_completion> ops;
     std::vector<std::vector<std::byte>> blobs;
     for (int i = 0; i < 30; ++i) blobs.push_back(random_bytes(10000 + static_cast<std::size_t>(i), static_cast<std::uint64_t>(i)));
-    for (int i = 0; i < 30; ++i) ops.push_back(tier->write("k" + std::to_string(i), blobs[static_cast<std::size_t>(i)]));
+    for (int i = 0; i < 30; ++i) ops.push_back(tier->write(std::string("k") + std::to_string(i), blobs[static_cast<std::size_t>(i)]));
     int failed = 0;
     for (int i = 0; i < 30; ++i) {
         try {
@@ -448,7 +448,7 @@ TEST_CASE_TEMPLATE("conformance faults: other keys stay usable while one path mi
         }
     }
     CHECK(failed == 10);
-    for (int i : stored) CHECK(get(*tier, "k" + std::to_string(i), 10000 + static_cast<std::size_t>(i)) == blobs[static_cast<std::size_t>(i)]);
+    for (int i : stored) CHECK(get(*tier, std::string("k") + std::to_string(i), 10000 + static_cast<std::size_t>(i)) == blobs[static_cast<std::size_t>(i)]);
     std::size_t total = 0;
     for (int i : stored) total += 10000 + static_cast<std::size_t>(i);
     CHECK(tier->used() == total);

@@ -26,6 +26,13 @@ int error_of(Op&& op, std::string* message = nullptr) {
         return e.code().value();
     }
 }
+std::string key_of(int t, int i) {
+    std::string k = "t";
+    k += std::to_string(t);
+    k += '-';
+    k += std::to_string(i);
+    return k;
+}
 bool contains(const std::string& haystack, const std::string& needle) {
     return haystack.find(needle) != std::string::npos;
 }
@@ -85,7 +92,7 @@ TEST_CASE("faulty_tier: a dead path fails every matching operation until cleared
     std::vector<std::byte> back(10);
     tier.write("k", data).wait();
     tier.fail_always(fault_op::write, EROFS);
-    for (int i = 0; i < 5; ++i) CHECK(error_of([&] { return tier.write("k" + std::to_string(i), data); }) == EROFS);
+    for (int i = 0; i < 5; ++i) CHECK(error_of([&] { return tier.write(std::string("k") + std::to_string(i), data); }) == EROFS);
     CHECK(error_of([&] { return tier.read("k", back); }) == 0);  // reads still work
     tier.fail_always(fault_op::any, EIO);
     std::string msg;
@@ -178,7 +185,7 @@ TEST_CASE("faulty_tier: counters stay exact under concurrent use") {
         pool.emplace_back([&, t] {
             auto data = test::random_bytes(64, static_cast<std::uint64_t>(t));
             for (int i = 0; i < per_thread; ++i) {
-                if (error_of([&] { return tier.write("t" + std::to_string(t) + "-" + std::to_string(i), data); }))
+                if (error_of([&] { return tier.write(key_of(t, i), data); }))
                     failures.fetch_add(1);
             }
         });

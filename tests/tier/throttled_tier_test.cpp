@@ -48,7 +48,7 @@ TEST_CASE("throttled_tier: stats report the throttled bandwidth") {
     auto data = test::random_bytes(256 * KiB, 2);
     std::vector<io_completion> in_flight;
     auto t0 = clock_type::now();
-    for (int i = 0; i < 16; ++i) in_flight.push_back(tier.write("k" + std::to_string(i), data));
+    for (int i = 0; i < 16; ++i) in_flight.push_back(tier.write(std::string("k") + std::to_string(i), data));
     for (auto& c : in_flight) c.wait();
     double elapsed = seconds_since(t0);
     auto s = tier.stats();
@@ -89,7 +89,7 @@ TEST_CASE("throttled_tier: joint scope makes reads and writes share one budget")
     std::vector<io_completion> ops;
     auto t0 = clock_type::now();
     for (int i = 0; i < 4; ++i) {
-        ops.push_back(tier.write("w" + std::to_string(i), data));
+        ops.push_back(tier.write(std::string("w") + std::to_string(i), data));
         ops.push_back(tier.read("r", backs[static_cast<std::size_t>(i)]));
     }
     for (auto& c : ops) c.wait();
@@ -113,12 +113,12 @@ TEST_CASE("throttled_tier: set_rate takes effect at once, also for queued operat
     tier.set_rate(bandwidth_limit{1e9, 4 * KiB});
     auto small = test::random_bytes(64 * KiB, 6);
     t0 = clock_type::now();
-    for (int i = 0; i < 4; ++i) tier.write("a" + std::to_string(i), small).wait();
+    for (int i = 0; i < 4; ++i) tier.write(std::string("a") + std::to_string(i), small).wait();
     double fast = seconds_since(t0);
     tier.set_rate(bandwidth_limit{2e6, 4 * KiB});
     CHECK(tier.config().read.bytes_per_second == 2e6);
     t0 = clock_type::now();
-    for (int i = 0; i < 4; ++i) tier.write("b" + std::to_string(i), small).wait();
+    for (int i = 0; i < 4; ++i) tier.write(std::string("b") + std::to_string(i), small).wait();
     double slow = seconds_since(t0);
     // 4 x 64 KiB at 2 MB/s, less one burst: at least 0.12 s.
     CHECK(slow >= 0.95 * (4.0 * 64 * KiB - 4 * KiB) / 2e6);
@@ -139,7 +139,7 @@ TEST_CASE("throttled_tier: set_rate from another thread while operations are iss
     });
     std::vector<std::byte> back(data.size());
     for (int i = 0; i < 64; ++i) {
-        auto key = "k" + std::to_string(i % 8);
+        auto key = std::string("k") + std::to_string(i % 8);
         tier.write(key, data).wait();
         tier.read(key, back).wait();
         REQUIRE(back == data);
@@ -156,7 +156,7 @@ TEST_CASE("throttled_tier: destruction releases queued operations and waits for 
     auto t0 = clock_type::now();
     {
         throttled_tier<host_tier> tier(throttle_config::joint({1e3, KiB}));  // hours for all of it
-        for (int i = 0; i < 8; ++i) ops.push_back(tier.write("k" + std::to_string(i), data));
+        for (int i = 0; i < 8; ++i) ops.push_back(tier.write(std::string("k") + std::to_string(i), data));
         CHECK_FALSE(ops.back().ready());
     }
     CHECK(seconds_since(t0) < 2.0);

@@ -75,7 +75,7 @@ inline std::string errno_name(int err) {
         case EPERM: return "EPERM";
         case EDQUOT: return "EDQUOT";
         case ENOMEM: return "ENOMEM";
-        default: return "errno " + std::to_string(err);
+        default: return std::string("errno ") + std::to_string(err);
     }
 }
 
@@ -88,7 +88,7 @@ public:
     /// Builds the inner tier in place from `args`; no fault is armed.
     template <class... Args>
     explicit faulty_tier(std::in_place_t, Args&&... args)
-        : inner_(std::forward<Args>(args)...), name_("faulty(" + std::string(inner_.name()) + ")") {}
+        : inner_(std::forward<Args>(args)...), name_(std::string("faulty(") + std::string(inner_.name()) + ")") {}
     faulty_tier()
         requires std::default_initializable<Inner>
         : faulty_tier(std::in_place) {}

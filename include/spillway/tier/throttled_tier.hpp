@@ -82,9 +82,10 @@ struct throttle_config {
 namespace detail {
 inline void validate_limit(const bandwidth_limit& limit, std::string_view which) {
     expect_argument(limit.bytes_per_second > 0 && !std::isnan(limit.bytes_per_second),
-                    "throttled_tier: " + std::string(which) + " rate must be a positive number of bytes per second "
-                    "(infinity for no limit), got " + std::to_string(limit.bytes_per_second));
-    expect_argument(limit.burst_bytes > 0, "throttled_tier: " + std::string(which) + " burst_bytes must be positive");
+                    std::string("throttled_tier: ") + std::string(which) +
+                        " rate must be a positive number of bytes per second (infinity for no limit), got " +
+                        std::to_string(limit.bytes_per_second));
+    expect_argument(limit.burst_bytes > 0, std::string("throttled_tier: ") + std::string(which) + " burst_bytes must be positive");
 }
 inline void validate_throttle(const throttle_config& c) {
     validate_limit(c.read, "read");
@@ -112,7 +113,7 @@ public:
         auto now = clock::now();
         buckets_[0].reset(config.read, now);
         buckets_[1].reset(config.write, now);
-        name_ = "throttled(" + std::string(inner_.name()) + ")";
+        name_ = std::string("throttled(") + std::string(inner_.name()) + ")";
         timer_ = std::thread([this] { run(); });
     }
     /// A throttle over a default-constructed inner tier.
