@@ -35,13 +35,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -75,13 +75,15 @@ struct adamw_step_args {
 enum class step_result { applied, skipped_overflow };
 
 namespace detail {
-inline std::string format_value(double x) {
-    std::ostringstream s;
-    s.precision(9);
-    s << x;
-    return s.str();
+/// The shortest text that reads back as the same value ("-1e-08", "nan", "0.9").
+template <class T>
+std::string format_value(T x) {
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, x);
+    return std::string(buf, r.ptr);
 }
-[[noreturn]] inline void bad_value(const char* where, const char* field, double value, const char* rule) {
+template <class T>
+[[noreturn]] void bad_value(const char* where, const char* field, T value, const char* rule) {
     throw std::invalid_argument(std::string("spillway::") + where + ": " + field + " = " + format_value(value) +
                                 " is invalid (" + rule + ")");
 }
@@ -103,13 +105,13 @@ inline void validate(const adamw_config& c) {
 /// clip_coef finite and >= 0.
 inline void validate(const adamw_step_args& a) {
     const char* w = "adamw_step_args";
-    if (a.step < 1) detail::bad_value(w, "step", static_cast<double>(a.step), "must be >= 1 (1-based)");
+    if (a.step < 1) detail::bad_value(w, "step", a.step, "must be >= 1 (1-based)");
     if (!(std::isfinite(a.grad_scale) && a.grad_scale > 0))
         detail::bad_value(w, "grad_scale", a.grad_scale, "must be finite and > 0");
     if (!(std::isfinite(a.clip_coef) && a.clip_coef >= 0))
         detail::bad_value(w, "clip_coef", a.clip_coef, "must be finite and >= 0");
     if (a.check != grad_check::scan && a.check != grad_check::caller_verified)
-        detail::bad_value(w, "check", static_cast<double>(a.check), "must be a grad_check enumerator");
+        detail::bad_value(w, "check", static_cast<int>(a.check), "must be a grad_check enumerator");
 }
 
 /// The per-step constants for (config, args); validates neither.
