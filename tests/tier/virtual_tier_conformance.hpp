@@ -1,0 +1,31 @@
+// tests/tier/virtual_tier_conformance.hpp: the virtual tier's factory for the storage_tier
+// conformance suite: a heterogeneous virtual tier (host memory + a file tier on /dev/shm)
+// under node_lock, with its lock files in the test's own scratch directory and bandwidths
+// probed at construction.
+#pragma once
+
+#include <spillway/lock/node_lock.hpp>
+#include <spillway/tier/virtual_tier.hpp>
+
+#include "tier/conformance.hpp"
+
+namespace spillway::test::conformance {
+
+struct virtual_factory {
+    using tier_type = virtual_tier<node_lock, host_tier, file_tier<>>;
+    static std::string name() { return "virtual(host, file(shm))"; }
+    static virtual_tier_options options(tier_env& env, std::size_t capacity) {
+        virtual_tier_options o;
+        o.name = "vt";
+        o.probe_nbytes = 64 * KiB;
+        o.capacity = capacity;
+        o.locks.directory = env.shm_dir();
+        return o;
+    }
+    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
+    static auto bounded_args(tier_env& env, std::size_t capacity) {
+        return std::tuple(options(env, capacity), std::tuple<>(), std::tuple(env.shm_dir(), file_tier_options{}));
+    }
+};
+
+}  // namespace spillway::test::conformance
