@@ -154,7 +154,7 @@ TEST_CASE_TEMPLATE("engine serves several submitting threads at once", Engine, S
     if (!engine) return;
     scratch_file f;
     constexpr int threads = 4, per_thread = 12;
-    constexpr std::size_t n = 100'000;  // not a multiple of the block size
+    const std::size_t n = 100'003;  // not a multiple of the block size
     std::atomic<int> bad{0};
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)

@@ -62,6 +62,13 @@ std::string message_of(io_completion c) {
     return "(no error)";
 }
 
+/// prefix + number (spelled out to dodge a false -Wrestrict of GCC 12 on `"k" + to_string(i)`).
+std::string key(std::string_view prefix, std::size_t i) {
+    std::string s(prefix);
+    s.append(std::to_string(i));
+    return s;
+}
+
 bool no_temporary_files(const fs::path& dir) {
     for (auto& e : fs::directory_iterator(dir))
         if (e.path().filename().string().rfind(".spillway.", 0) == 0) return false;
@@ -204,7 +211,9 @@ TEST_CASE("file_tier refuses a missing directory and a path under a regular file
     }
     io_engine_config bad;
     bad.queue_depth = 0;
-    CHECK_THROWS_AS(file_tier<>(dir.path(), {.engine = bad}), std::invalid_argument);
+    file_tier_options bad_options;
+    bad_options.engine = bad;
+    CHECK_THROWS_AS(file_tier<>(dir.path(), bad_options), std::invalid_argument);
 }
 
 TEST_CASE("a full file system (EFBIG via RLIMIT_FSIZE) fails the write and keeps the previous blob") {
@@ -338,7 +347,9 @@ TEST_CASE("file_tier keys never leave the directory; files are 0600 and links ar
 
 TEST_CASE("file_tier capacity counts stored blobs; a rewrite counts only the difference") {
     test::temp_dir dir("file-tier-capacity");
-    file_tier<> tier(dir.path(), {.capacity = 10'000});
+    file_tier_options bounded;
+    bounded.capacity = 10'000;
+    file_tier<> tier(dir.path(), bounded);
     CHECK(tier.capacity() == 10'000);
     tier.write("a", test::random_bytes(6'000, 1)).wait();
     std::string what = message_of(tier.write("b", test::random_bytes(6'000, 2)));
@@ -365,7 +376,7 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
         opt.engine.queue_depth = 4;
         opt.engine.block_size = 16 * 1024;
         file_tier<> tier(dir.path(), opt);
-        for (int i = 0; i < blobs; ++i) pending.push_back(tier.write("k" + std::to_string(i), data[i]));
+        for (int i = 0; i < blobs; ++i) pending.push_back(tier.write(key("k", i), data[i]));
     }  // destroyed with writes in flight: it waits for them
     for (auto& p : pending) CHECK(p.ready());
     for (auto& p : pending) p.wait();
@@ -383,9 +394,9 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
             for (int i = t; i < blobs; i += 4) {
                 std::vector<std::byte> back(data[i].size());
                 try {
-                    again.read("k" + std::to_string(i), back).wait();
+                    again.read(key("k", i), back).wait();
                     if (back != data[i]) ++bad;
-                    again.write("t" + std::to_string(i), back).wait();
+                    again.write(key("t", i), back).wait();
                 } catch (...) {
                     ++bad;
                 }

@@ -7,8 +7,8 @@
 //   removed); a missing directory, a path under a regular file (ENOTDIR) or an unwritable
 //   one throws std::system_error naming the path. It then probes O_DIRECT with one aligned
 //   4 KiB write and read; where the file system refuses (ramfs, tmpfs before Linux 6.6:
-//   EINVAL), the tier uses
-//   buffered I/O and says why in direct_io_note(); direct_io_mode::required throws instead.
+//   EINVAL), the tier uses buffered I/O and says why in direct_io_note();
+//   direct_io_mode::required throws instead.
 // - Files are created mode 0600 with O_CREAT|O_EXCL|O_CLOEXEC|O_NOFOLLOW and opened with
 //   O_NOFOLLOW; keys pass validate_key() (no '/', no "..") and may not start with the
 //   reserved prefix ".spillway.", so no key names anything outside the directory or

@@ -17,11 +17,14 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
+#include <utility>
 
 #include "spillway/error.hpp"
 
@@ -64,7 +67,20 @@ constexpr std::string_view op_name(io_op op) noexcept { return op == io_op::read
 /// -errno) and the bytes that piece asked for; returns the result the engine acts on. A
 /// hook can turn a full transfer into a short one (return fewer bytes) or into -EAGAIN; the
 /// engine must then retry, exactly as for a real short transfer. Empty: no hook.
-using io_result_filter = std::function<long(io_op op, long result, std::size_t requested)>;
+/// (Held through a shared pointer: copying a config shares one hook.)
+class io_result_filter {
+public:
+    using function = std::function<long(io_op op, long result, std::size_t requested)>;
+    io_result_filter() = default;
+    template <class F>
+        requires std::is_invocable_r_v<long, F&, io_op, long, std::size_t>
+    io_result_filter(F f) : fn_(std::make_shared<const function>(std::move(f))) {}  // NOLINT: implicit by design
+    explicit operator bool() const noexcept { return fn_ != nullptr; }
+    long operator()(io_op op, long result, std::size_t requested) const { return (*fn_)(op, result, requested); }
+
+private:
+    std::shared_ptr<const function> fn_;
+};
 
 /// Engine settings, validated eagerly by every engine.
 struct io_engine_config {
