@@ -22,10 +22,10 @@ struct virtual_factory {
         o.locks.directory = env.shm_dir();
         return o;
     }
-    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
     static auto bounded_args(tier_env& env, std::size_t capacity) {
         return std::tuple(options(env, capacity), std::tuple<>(), std::tuple(env.shm_dir(), file_tier_options{}));
     }
+    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
 };
 
 }  // namespace spillway::test::conformance
