@@ -83,7 +83,7 @@ TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
         CHECK(s.bytes_saved == total);
         if (mode == split_mode::offload_all) {
             CHECK(s.bytes_offloaded == nonempty);
-            CHECK(s.resident_bytes == 0);  // empty tensors hold no buffer
+            CHECK(s.resident_bytes == s.pooled_bytes);  // nothing held; empty tensors hold no buffer
             CHECK(tier.stats().bytes_written == nonempty);
         } else {
             CHECK(s.bytes_offloaded == 0);
@@ -95,6 +95,9 @@ TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
             stash.release(it->handle);
         }
         CHECK(tier.used() == 0);  // every blob erased with its last reference
+        CHECK(stash.stats().resident_bytes == stash.stats().pooled_bytes);
+        auto pooled = stash.stats().pooled_bytes;
+        CHECK(stash.trim() == pooled);
         CHECK(stash.stats().resident_bytes == 0);
     }
 }
@@ -216,9 +219,11 @@ TEST_CASE("offloaded tensors leave memory and are read back exactly") {
     }
     stash.flush();
     auto s = stash.stats();
-    CHECK(s.resident_bytes == 0);
+    CHECK(s.resident_bytes == s.pooled_bytes);  // no tensor is held any more
     CHECK(s.peak_resident_bytes >= n);
     CHECK(s.peak_resident_bytes <= 4 * n);
+    stash.trim();
+    CHECK(stash.stats().resident_bytes == 0);
     CHECK_FALSE(stash.ready(handles[0]));
     for (int i = 3; i >= 0; --i) {
         CHECK(same_bytes(stash.load(handles[i]), data[i]));

@@ -106,14 +106,17 @@ struct stash_options {
     /// the order they first appear in a step); SIZE_MAX keeps no layer.
     std::size_t first_kept_layer = std::numeric_limits<std::size_t>::max();
     /// Tier bandwidth in bytes per second for the adaptive rule; 0 measures it once with a
-    /// probe blob of probe_bytes written and read back when the profiling step ends.
+    /// probe blob of probe_bytes written and read back (best of three rounds, the slower
+    /// direction) when the profiling step ends.
     double tier_bandwidth = 0;
     std::size_t probe_bytes = std::size_t{16} << 20;
     /// Layers ahead of the current backward layer that prefetch brings back.
     std::size_t prefetch_layers = 2;
     std::size_t write_threads = 1;  // >= 1: each runs one write at a time
     std::size_t read_threads = 1;   // >= 1
-    /// Most bytes of free buffers kept for reuse (counted as resident).
+    /// Free buffers are kept for reuse (counted as resident) up to pool_limit bytes, and
+    /// beyond that while resident bytes stay within the most the stash ever held: the pool
+    /// never lifts the peak by more than pool_limit.
     std::size_t pool_limit = std::size_t{64} << 20;
     /// First part of every tier key; must pass validate_key.
     std::string key_prefix = "act";
@@ -132,7 +135,8 @@ struct stash_stats {
     std::uint64_t forced_writes = 0;       // writes the budget forced (synchronous or of kept tensors)
     std::uint64_t failed_writes = 0;
     std::uint64_t failed_reads = 0;
-    std::size_t resident_bytes = 0;        // now
+    std::size_t resident_bytes = 0;        // now: held by tensors and reads, plus the pool
+    std::size_t pooled_bytes = 0;          // now: free buffers kept for reuse
     std::size_t peak_resident_bytes = 0;   // since construction or reset_peak()
     double load_wait_seconds = 0;          // time load() blocked waiting for bytes
     double budget_wait_seconds = 0;        // time save() blocked waiting for room
@@ -414,7 +418,17 @@ public:
         std::lock_guard lock(mutex_);
         stash_stats s = stats_;
         s.resident_bytes = resident_;
+        s.pooled_bytes = pool_bytes_;
         return s;
+    }
+    /// Frees every pooled buffer (gives the memory back); returns the bytes freed.
+    std::size_t trim() {
+        std::lock_guard lock(mutex_);
+        std::size_t freed = pool_bytes_;
+        resident_ -= pool_bytes_;
+        pool_bytes_ = 0;
+        pool_.clear();
+        return freed;
     }
     /// Restarts peak_resident_bytes from the current resident bytes.
     void reset_peak() {
@@ -505,6 +519,7 @@ private:
         } else if (auto pooled = take_pooled(nbytes)) {
             buffer = std::move(*pooled);  // its bytes move from the pool to the tensor
             charge = buffer.capacity();
+            note_peaks();
         } else {
             charge = charge_of(nbytes);
             resident = make_room(lock, charge);
@@ -741,14 +756,17 @@ private:
         try {
             aligned_buffer buf(n);
             for (std::size_t i = 0; i < n; i += 4096) buf.data()[i] = std::byte{1};
-            auto t0 = clock::now();
-            tier_.write(key, buf.bytes()).wait();
-            auto t1 = clock::now();
-            tier_.read(key, buf.bytes()).wait();
-            auto t2 = clock::now();
+            for (int round = 0; round < 3; ++round) {  // noise only slows a round: keep the best
+                auto t0 = clock::now();
+                tier_.write(key, buf.bytes()).wait();
+                auto t1 = clock::now();
+                tier_.read(key, buf.bytes()).wait();
+                auto t2 = clock::now();
+                double w = std::chrono::duration<double>(t1 - t0).count();
+                double r = std::chrono::duration<double>(t2 - t1).count();
+                bw = std::max(bw, static_cast<double>(n) / std::max({w, r, 1e-9}));
+            }
             erase_blob(key);
-            double w = std::chrono::duration<double>(t1 - t0).count(), r = std::chrono::duration<double>(t2 - t1).count();
-            bw = static_cast<double>(n) / std::max({w, r, 1e-9});
         } catch (...) {
             lock.lock();
             std::rethrow_exception(detail::with_context(
@@ -762,9 +780,22 @@ private:
 
     // ---- memory -----------------------------------------------------------------------
 
+    // `charge` bytes of fresh memory. Pooled buffers that would lift resident bytes above
+    // what the stash already needed (the high-water mark of held bytes) plus pool_limit are
+    // given back first.
     void account(std::size_t charge) {
+        while (!pool_.empty() && resident_ + charge > held_peak_ + opt_.pool_limit) {
+            auto it = std::prev(pool_.end());
+            pool_bytes_ -= it->second.capacity();
+            resident_ -= it->second.capacity();
+            pool_.erase(it);
+        }
         resident_ += charge;
+        note_peaks();
+    }
+    void note_peaks() {
         stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_);
+        held_peak_ = std::max(held_peak_, resident_ - pool_bytes_);
     }
 
     std::optional<aligned_buffer> take_pooled(std::size_t nbytes) {
@@ -776,10 +807,13 @@ private:
         return b;
     }
 
-    // A buffer the stash no longer needs: into the pool (still resident) or freed.
+    // A buffer the stash no longer needs: into the pool (still resident) or freed. The pool
+    // keeps it while it holds at most pool_limit bytes, or while resident bytes stay within
+    // the held high-water mark (memory the stash needed anyway: reusing it next step costs
+    // no peak, and saves the allocation and page faults of a fresh buffer).
     void free_buffer(aligned_buffer&& b) {
         if (!b.data()) return;
-        if (pool_bytes_ + b.capacity() <= opt_.pool_limit) {
+        if (pool_bytes_ + b.capacity() <= opt_.pool_limit || resident_ <= held_peak_) {
             pool_bytes_ += b.capacity();
             std::size_t size = b.size();
             pool_.emplace(size, std::move(b));
@@ -947,6 +981,7 @@ private:
         std::optional<aligned_buffer> pooled = take_pooled(e.nbytes);
         if (r == reserved::yes && pooled) resident_ -= charge_of(e.nbytes);  // the pooled buffer was counted
         if (r == reserved::no && !pooled) account(charge_of(e.nbytes));
+        note_peaks();
         e.state = entry_state::reading;
         ++reads_pending_;
         auto buffer = std::make_shared<aligned_buffer>(pooled ? std::move(*pooled) : aligned_buffer());
@@ -1051,6 +1086,7 @@ private:
     std::multimap<std::size_t, aligned_buffer> pool_;          // by size()
     std::size_t pool_bytes_ = 0;
     std::size_t resident_ = 0;
+    std::size_t held_peak_ = 0;  // most bytes ever held by tensors and reads (resident minus pool)
     stash_stats stats_;
     std::exception_ptr pending_error_;
     std::uint64_t next_entry_ = 0, next_handle_ = 0;
