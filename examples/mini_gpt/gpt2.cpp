@@ -94,36 +94,36 @@ param_views::param_views(float* base, const param_layout& layout) {
     for (int i = 0; i < num_param_tensors; ++i) *fields[i] = base + layout.offsets[sz(i)];
 }
 
+std::array<std::size_t, layer_acts::num_tensors> layer_acts::tensor_floats(const gpt2_config& c, int B, int T) {
+    std::size_t BT = sz(B) * sz(T), C = sz(c.channels);
+    std::size_t att = sz(B) * sz(c.num_heads) * sz(T) * sz(T);
+    return {BT * C, BT, BT, 3 * BT * C, att, BT * C, BT * C, BT * C, BT, BT, 4 * BT * C, 4 * BT * C, BT * C};
+}
+
 std::size_t layer_acts::floats(const gpt2_config& c, int B, int T) {
-    std::size_t BT = sz(B) * sz(T), C = sz(c.channels);
-    return 16 * BT * C + 4 * BT + sz(B) * sz(c.num_heads) * sz(T) * sz(T);
+    std::size_t total = 0;
+    for (std::size_t n : tensor_floats(c, B, T)) total += n;
+    return total;
 }
 
-layer_acts::layer_acts(float* base, const gpt2_config& c, int B, int T) {
-    std::size_t BT = sz(B) * sz(T), C = sz(c.channels);
-    float* p = base;
-    auto take = [&p](std::size_t n) {
-        float* r = p;
-        p += n;
-        return r;
-    };
-    ln1 = take(BT * C);
-    ln1_mean = take(BT);
-    ln1_rstd = take(BT);
-    qkv = take(3 * BT * C);
-    att = take(sz(B) * sz(c.num_heads) * sz(T) * sz(T));
-    atty = take(BT * C);
-    residual2 = take(BT * C);
-    ln2 = take(BT * C);
-    ln2_mean = take(BT);
-    ln2_rstd = take(BT);
-    fch = take(4 * BT * C);
-    fch_gelu = take(4 * BT * C);
-    residual3 = take(BT * C);
+layer_acts::layer_acts(float* block, const float* input, const gpt2_config& c, int B, int T) : inp(input) {
+    auto sizes = tensor_floats(c, B, T);
+    auto ptrs = tensors();
+    for (std::size_t i = 0; i < ptrs.size(); ++i) {
+        *ptrs[i] = block;
+        block += sizes[i];
+    }
 }
 
-in_memory_store::in_memory_store(int layers, std::size_t block_floats)
-    : blocks_(sz(layers), std::vector<float>(block_floats)), bytes_(sz(layers) * block_floats * sizeof(float)) {}
+in_memory_store::in_memory_store(const gpt2_config& c, int B, int T)
+    : config_(c), B_(B), T_(T), blocks_(sz(c.num_layers), std::vector<float>(layer_acts::floats(c, B, T))),
+      acts_(sz(c.num_layers)), bytes_(sz(c.num_layers) * layer_acts::floats(c, B, T) * sizeof(float)) {}
+
+layer_acts in_memory_store::acquire(int layer, const float* inp) {
+    auto l = static_cast<std::size_t>(layer);
+    acts_[l] = layer_acts(blocks_[l].data(), inp, config_, B_, T_);
+    return acts_[l];
+}
 
 double flops_per_token(const gpt2_config& c, int T) {
     double C = c.channels, L = c.num_layers;
@@ -494,7 +494,7 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
     float* proj = dscratch_.data();  // (B,T,C) scratch for the projections' outputs
     for (int l = 0; l < L; ++l) {
         std::size_t ls = sz(l);
-        layer_acts a(store.acquire(l), config_, B, T);
+        layer_acts a = store.acquire(l, residual);
         layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w + ls * Cs, p.ln1b + ls * Cs, BT, C);
         matmul_forward(pool_, a.qkv, a.ln1, p.qkvw + ls * 3 * Cs * Cs, p.qkvb + ls * 3 * Cs, BT, C, 3 * C);
         attention_forward(pool_, a.atty, a.att, a.qkv, B, T, C, NH);
@@ -506,11 +506,11 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
         gelu_forward(pool_, a.fch_gelu, a.fch, sz(BT) * 4 * Cs);
         matmul_forward(pool_, proj, a.fch_gelu, p.fcprojw + ls * Cs * 4 * Cs, p.fcprojb + ls * Cs, BT, 4 * C, C);
         residual_forward(pool_, a.residual3, a.residual2, proj, sz(BT) * Cs);
-        if (l > 0) store.forward_done(l - 1);  // layer l has read block l-1's output
+        store.forward_done(l);
         residual = a.residual3;
     }
     layernorm_forward(pool_, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.lnfw, p.lnfb, BT, C);
-    store.forward_done(L - 1);
+    store.forward_end();
     matmul_forward(pool_, logits_.data(), lnf_.data(), p.wte, nullptr, BT, C, Vp);  // (B,T,Vp), tied head
     softmax_crossentropy_forward(pool_, logits_.data(), losses_.data(), targets, BT, V, Vp);
     double sum = 0;
@@ -524,7 +524,7 @@ void gpt2::backward(float loss_scale, activation_store& store) {
     double wait_ms = 0;
     auto need = [&](int l) {
         auto w0 = clock_type::now();
-        float* r = store.need(l);
+        layer_acts r = store.need(l);
         wait_ms += ms_since(w0);
         return r;
     };
@@ -539,15 +539,12 @@ void gpt2::backward(float loss_scale, activation_store& store) {
     matmul_backward(pool_, dln_.data(), g.wte, nullptr, logits_.data(), lnf_.data(), p.wte, BT, C, Vp);
     float* dres = dresidual_.data();  // gradient of the residual stream, (B,T,C)
     std::fill(dresidual_.begin(), dresidual_.end(), 0.0f);
-    {
-        layer_acts last(need(L - 1), config_, B, T);
-        layernorm_backward(pool_, dres, g.lnfw, g.lnfb, dln_.data(), last.residual3, p.lnfw, lnf_mean_.data(),
-                           lnf_rstd_.data(), BT, C);
-    }
+    layernorm_backward(pool_, dres, g.lnfw, g.lnfb, dln_.data(), need(L - 1).residual3, p.lnfw, lnf_mean_.data(),
+                       lnf_rstd_.data(), BT, C);
     for (int l = L - 1; l >= 0; --l) {
         std::size_t ls = sz(l);
-        layer_acts a(need(l), config_, B, T);
-        const float* residual = l == 0 ? encoded_.data() : layer_acts(need(l - 1), config_, B, T).residual3;
+        layer_acts a = need(l);
+        const float* residual = a.inp;
         // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))): dres is d residual3.
         matmul_backward(pool_, dfch_.data(), g.fcprojw + ls * Cs * 4 * Cs, g.fcprojb + ls * Cs, dres, a.fch_gelu,
                         p.fcprojw + ls * Cs * 4 * Cs, BT, 4 * C, C);

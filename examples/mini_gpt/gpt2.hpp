@@ -64,43 +64,57 @@ struct param_views {
     param_views(float* base, const param_layout& layout);
 };
 
-/// The activations one layer saves for its backward pass, laid out in one block.
-/// `inp` is not part of the block: it is the previous layer's `residual3` (or `encoded`).
+/// The activations one layer saves for its backward pass. Each pointer is one tensor; the
+/// in-memory store lays them out in one block per layer, the offloading store gives each its
+/// own buffer. In backward the tensors are only read.
 struct layer_acts {
-    float* ln1;        // (B,T,C)
-    float* ln1_mean;   // (B,T)
-    float* ln1_rstd;   // (B,T)
-    float* qkv;        // (B,T,3C)
-    float* att;        // (B,NH,T,T) softmax probabilities
-    float* atty;       // (B,T,C)
-    float* residual2;  // (B,T,C)
-    float* ln2;        // (B,T,C)
-    float* ln2_mean;   // (B,T)
-    float* ln2_rstd;   // (B,T)
-    float* fch;        // (B,T,4C)
-    float* fch_gelu;   // (B,T,4C)
-    float* residual3;  // (B,T,C) the layer's output
-    /// Floats in one layer block for batch B and time T.
+    const float* inp = nullptr;  // (B,T,C) the layer's input: the previous layer's residual3
+    float* ln1 = nullptr;        // (B,T,C)
+    float* ln1_mean = nullptr;   // (B,T)
+    float* ln1_rstd = nullptr;   // (B,T)
+    float* qkv = nullptr;        // (B,T,3C)
+    float* att = nullptr;        // (B,NH,T,T) softmax probabilities
+    float* atty = nullptr;       // (B,T,C)
+    float* residual2 = nullptr;  // (B,T,C)
+    float* ln2 = nullptr;        // (B,T,C)
+    float* ln2_mean = nullptr;   // (B,T)
+    float* ln2_rstd = nullptr;   // (B,T)
+    float* fch = nullptr;        // (B,T,4C)
+    float* fch_gelu = nullptr;   // (B,T,4C)
+    float* residual3 = nullptr;  // (B,T,C) the layer's output
+    static constexpr int num_tensors = 13;  // ln1 .. residual3, in this order
+    /// Pointers to the 13 owned tensors, in declaration order.
+    [[nodiscard]] std::array<float**, num_tensors> tensors() noexcept {
+        return {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch,
+                &fch_gelu, &residual3};
+    }
+    /// Floats of each owned tensor for batch B and time T, in declaration order.
+    static std::array<std::size_t, num_tensors> tensor_floats(const gpt2_config& c, int B, int T);
+    /// Floats in one layer block (the sum of tensor_floats).
     static std::size_t floats(const gpt2_config& c, int B, int T);
-    layer_acts(float* base, const gpt2_config& c, int B, int T);
+    layer_acts() = default;
+    /// Lays the tensors out in one block of floats(c, B, T) floats.
+    layer_acts(float* block, const float* input, const gpt2_config& c, int B, int T);
 };
 
-/// Where the per-layer activation blocks live between forward and backward. The in-memory
-/// store keeps them all; an offloading store (trainer.cpp) hands finished blocks to Spillway's
+/// Where the per-layer activations live between forward and backward. The in-memory store
+/// keeps them all; an offloading store (offload.cpp) hands them to Spillway's activation
 /// stash and brings them back for backward. Protocol, for layers l = 0..L-1:
-///  1. forward: `acquire(l)` gives a writable block; after layer l+1's forward has read block
-///     l's output, `forward_done(l)` is called (the store may now offload block l);
-///  2. backward, l = L-1..0: `need(l)` returns block l with its contents; after block l's
-///     backward, `backward_done(l)` is called (the store may free block l).
-/// The last block's output feeds the final LayerNorm, so `forward_done(L-1)` comes after it.
+///  1. forward: `acquire(l, inp)` gives writable tensors for layer l (inp: its input);
+///     `forward_done(l)` follows layer l's forward at once (the store may now offload every
+///     tensor of layer l except its output residual3, which the next layer still reads);
+///     after the final LayerNorm has read the last output, `forward_end()`.
+///  2. backward, l = L-1..0: `need(l)` returns layer l's tensors with their contents (it may be
+///     called more than once per layer); after layer l's backward, `backward_done(l)`.
 class activation_store {
 public:
     virtual ~activation_store() = default;
-    virtual float* acquire(int layer) = 0;
+    virtual layer_acts acquire(int layer, const float* inp) = 0;
     virtual void forward_done(int layer) = 0;
-    virtual float* need(int layer) = 0;
+    virtual void forward_end() = 0;
+    virtual layer_acts need(int layer) = 0;
     virtual void backward_done(int layer) = 0;
-    /// Bytes of activation blocks resident at the peak of the last step.
+    /// Bytes of layer activations resident at the peak of the last step.
     [[nodiscard]] virtual std::size_t peak_bytes() const = 0;
     virtual void reset_peak() = 0;
     /// Lines for the summary table (bytes offloaded, dedup, forwarding...); may be empty.
@@ -110,16 +124,20 @@ public:
 /// Keeps every layer's block in memory (what `--offload none|optimizer` uses).
 class in_memory_store final : public activation_store {
 public:
-    in_memory_store(int layers, std::size_t block_floats);
-    float* acquire(int layer) override { return blocks_[static_cast<std::size_t>(layer)].data(); }
+    in_memory_store(const gpt2_config& c, int B, int T);
+    layer_acts acquire(int layer, const float* inp) override;
     void forward_done(int) override {}
-    float* need(int layer) override { return blocks_[static_cast<std::size_t>(layer)].data(); }
+    void forward_end() override {}
+    layer_acts need(int layer) override { return acts_[static_cast<std::size_t>(layer)]; }
     void backward_done(int) override {}
     [[nodiscard]] std::size_t peak_bytes() const override { return bytes_; }
     void reset_peak() override {}
 
 private:
+    gpt2_config config_;
+    int B_, T_;
     std::vector<std::vector<float>> blocks_;
+    std::vector<layer_acts> acts_;
     std::size_t bytes_;
 };
 

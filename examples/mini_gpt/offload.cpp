@@ -1,16 +1,393 @@
-// examples/mini_gpt/offload.cpp: the offloaded optimizer (update pipeline over a virtual tier)
-// and the offloading activation store (activation stash over a file tier).
+// examples/mini_gpt/offload.cpp: the two offloading back ends, assembled from Spillway's
+// primitives the way a trainer would use them.
+//
+// Optimizer (--offload optimizer|all): the fp32 params, m and v live on a virtual tier over
+// one file tier per --path (a directory "mini_gpt-optimizer" under each), with node_lock so
+// that the ranks of one node take turns on each path; the update pipeline runs AdamW over
+// subgroups in alternating order with a resident set, widening the fp16/bf16 gradients
+// lazily, and writes the updated fp32 compute copy straight into the model's parameters.
+//
+// Activations (--offload activations|all): each layer's tensors are computed into buffers
+// taken from the activation stash's pool (allocate()), handed over to the stash once the
+// next layer has read them (save(desc, buffer&&): no copy), written to a file tier under the
+// first --path while compute goes on, and loaded back in reverse order for backward. The
+// tensors are saved the way a framework's ops save them, so the attention probabilities
+// are saved twice (by the softmax, as its output, and by the att @ v product, as its input)
+// and the stash stores them once (dedup). Small tensors (LayerNorm statistics) are kept.
+#include <algorithm>
+#include <functional>
+#include <sstream>
+#include <unistd.h>
+
 #include "llmc_format.hpp"
 #include "optimizer.hpp"
+#include "spillway/error.hpp"
+
+// <filesystem> brings std::quoted (through <iomanip>), which argument-dependent lookup
+// prefers to spillway::quoted(std::string_view) for a std::string argument in the stash's
+// messages; this exact-match overload makes the unqualified calls pick Spillway's again.
+namespace spillway {
+inline std::string quoted(const std::string& s) { return quoted(std::string_view(s)); }
+}  // namespace spillway
+
+#include "spillway/lock/node_lock.hpp"
+#include "spillway/optim/update_pipeline.hpp"
+#include "spillway/stash/activation_stash.hpp"
+#include "spillway/tier/file_tier.hpp"
+#include "spillway/tier/virtual_tier.hpp"
 
 namespace mini_gpt {
 
-std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings&, std::size_t) {
-    throw input_error("--offload optimizer: not available yet in this build");
+namespace {
+
+std::string human(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        ++u;
+    }
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(u == 0 ? 0 : 1);
+    s << b << " " << units[u];
+    return s.str();
 }
 
-std::unique_ptr<activation_store> make_offloading_store(int, std::size_t, const std::vector<std::filesystem::path>&) {
-    throw input_error("--offload activations: not available yet in this build");
+/// Creates `dir` (and parents) or throws input_error naming it.
+void make_dir(const std::filesystem::path& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw input_error(dir.string() + ": cannot create directory: " + ec.message());
+}
+
+/// Removes `dir` if it is empty (other processes may still use it).
+void remove_if_empty(const std::filesystem::path& dir) noexcept {
+    std::error_code ec;
+    if (std::filesystem::is_empty(dir, ec) && !ec) std::filesystem::remove(dir, ec);
+}
+
+// ---- The offloaded optimizer ------------------------------------------------------------------
+
+using optimizer_tier = spillway::virtual_tier<spillway::node_lock, std::vector<spillway::file_tier<>>>;
+
+template <class Grad>
+class offloaded_optimizer final : public optimizer {
+    using pipeline = spillway::update_pipeline<optimizer_tier, Grad, float>;
+
+public:
+    offloaded_optimizer(const optimizer_settings& s, std::size_t count) : s_(s), count_(count) {
+        // 1. One directory per path; processes of a node that share a path share its locks,
+        //    so the lock name is derived from the directory, not from the process.
+        spillway::virtual_tier_options vo;
+        vo.name = "optimizer";
+        for (const auto& p : s.paths) {
+            auto dir = p / "mini_gpt-optimizer";
+            make_dir(dir);
+            dirs_.push_back(dir);
+            auto canonical = std::filesystem::weakly_canonical(dir).string();
+            std::ostringstream name;
+            name << "mini_gpt-" << std::hex << std::hash<std::string>{}(canonical);
+            vo.lock_names.push_back(name.str());
+        }
+        // 2. The virtual tier: one file tier per directory, placement by measured bandwidth.
+        try {
+            tier_ = std::make_unique<optimizer_tier>(vo, dirs_);
+        } catch (const std::system_error& e) {
+            throw input_error(std::string("--path: cannot use the optimizer paths: ") + e.what());
+        }
+    }
+    ~offloaded_optimizer() override {
+        pipe_.reset();  // erases its blobs
+        tier_.reset();
+        for (const auto& d : dirs_) remove_if_empty(d);
+    }
+
+    void init(std::span<const float> params) override {
+        pipe_ = std::make_unique<pipeline>(*tier_, config(), params, options());
+    }
+    void load(const std::filesystem::path& dir, std::span<const float>) override {
+        auto saved = dir / "optimizer";
+        if (!std::filesystem::exists(saved / "manifest.txt"))
+            throw input_error(saved.string() +
+                              ": missing (this save was made with --offload none|activations; resume with the same mode)");
+        try {
+            pipe_.reset(new pipeline(pipeline::restore(saved, *tier_, config(), options())));
+        } catch (const std::invalid_argument& e) {
+            throw input_error(saved.string() + ": " + e.what());
+        } catch (const std::runtime_error& e) {
+            throw input_error(saved.string() + ": " + e.what());
+        }
+    }
+    void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
+        if (pipe_->steps() + 1 != t)
+            throw std::logic_error("offloaded optimizer: step " + std::to_string(t) + " but the pipeline is at step " +
+                                   std::to_string(pipe_->steps()));
+        spillway::update_args args;
+        args.grad_scale = grad_scale;
+        pipe_->update(std::get<std::span<const Grad>>(grads), params, args);
+        const auto& st = pipe_->last_stats();
+        last_wait_ms_ = (st.read_wait_seconds + st.write_wait_seconds) * 1e3;
+        ++calls_;
+        read_ += st.bytes_read;
+        written_ += st.bytes_written;
+        resident_hits_ += st.served_from_resident;
+        subgroups_ += pipe_->subgroup_count();
+        for (const auto& c : st.children) {
+            auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& x) { return x.name == c.name; });
+            if (it == children_.end()) children_.push_back(c);
+            else {
+                it->bytes_read += c.bytes_read;
+                it->bytes_written += c.bytes_written;
+            }
+        }
+    }
+    void save(const std::filesystem::path& dir) override { pipe_->save(dir / "optimizer"); }
+    [[nodiscard]] double last_io_wait_ms() const override { return last_wait_ms_; }
+    [[nodiscard]] std::string report() const override {
+        std::ostringstream o;
+        o << "  optimizer       update pipeline over " << dirs_.size() << " path(s), " << pipe_->subgroup_count()
+          << " subgroups of " << s_.subgroup << " params, " << s_.buffers << " host buffers\n";
+        o << "                  read " << human(static_cast<double>(read_)) << ", wrote "
+          << human(static_cast<double>(written_)) << "; " << resident_hits_ << " of " << subgroups_
+          << " subgroup visits served from the resident set\n";
+        for (const auto& c : children_)
+            o << "                  tier " << c.name << ": read " << human(static_cast<double>(c.bytes_read))
+              << ", wrote " << human(static_cast<double>(c.bytes_written)) << "\n";
+        return o.str();
+    }
+
+private:
+    spillway::pipeline_config config() const {
+        spillway::pipeline_config c;
+        c.param_count = count_;
+        c.subgroup_size = std::min(s_.subgroup, count_);
+        c.host_buffers = static_cast<std::size_t>(s_.buffers);
+        c.adam = {s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps, s_.adam.weight_decay};
+        return c;
+    }
+    spillway::pipeline_options options() const {
+        spillway::pipeline_options o;
+        o.key_prefix = s_.key_prefix;
+        o.pool = s_.pool;
+        o.recorder = s_.recorder;
+        return o;
+    }
+
+    optimizer_settings s_;
+    std::size_t count_;
+    std::vector<std::filesystem::path> dirs_;
+    std::unique_ptr<optimizer_tier> tier_;
+    std::unique_ptr<pipeline> pipe_;
+    double last_wait_ms_ = 0;
+    std::uint64_t calls_ = 0, read_ = 0, written_ = 0, resident_hits_ = 0, subgroups_ = 0;
+    std::vector<spillway::child_io> children_;
+};
+
+// ---- The offloading activation store ----------------------------------------------------------
+
+class stash_store final : public activation_store {
+    using tier_type = spillway::file_tier<>;
+
+public:
+    stash_store(const gpt2_config& c, int B, int T, const store_settings& s)
+        : config_(c), B_(B), T_(T), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder) {
+        make_dir(dir_);
+        try {
+            tier_ = std::make_unique<tier_type>(dir_);
+        } catch (const std::system_error& e) {
+            throw input_error(dir_.string() + ": cannot use it for activations: " + e.what());
+        }
+        auto sizes = layer_acts::tensor_floats(c, B, T);
+        std::size_t layer_bytes = 0;
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+            bytes_[i] = sizes[i] * sizeof(float);
+            layer_bytes += bytes_[i];
+        }
+        spillway::stash_options o;
+        o.keep_below_bytes = 64 << 10;   // LayerNorm statistics stay; everything else may go
+        o.split = spillway::split_mode::adaptive;
+        o.prefetch_layers = 1;
+        o.pool_limit = layer_bytes;       // one layer of free buffers for the next layer to reuse
+        o.key_prefix = s.key_prefix;
+        stash_ = std::make_unique<spillway::activation_stash<tier_type>>(*tier_, o);
+        layers_.resize(static_cast<std::size_t>(c.num_layers));
+        if (recorder_) {
+            fwd_track_ = recorder_->track("activations: save");
+            bwd_track_ = recorder_->track("activations: load wait");
+        }
+    }
+    ~stash_store() override {
+        for (auto& l : layers_) release_layer(l);
+        stash_.reset();
+        tier_.reset();
+        remove_if_empty(dir_);
+    }
+
+    layer_acts acquire(int layer, const float* inp) override {
+        auto& st = layers_[static_cast<std::size_t>(layer)];
+        if (layer == 0) ++version_;  // a new step: every buffer holds new contents
+        release_layer(st);           // (a step that failed half-way leaves handles behind)
+        st.acts = layer_acts{};
+        st.acts.inp = inp;
+        auto ptrs = st.acts.tensors();
+        for (std::size_t i = 0; i < ptrs.size(); ++i) {
+            st.buffers[i] = stash_->allocate(bytes_[i]);
+            *ptrs[i] = st.buffers[i].as<float>().data();
+            mine_ += st.buffers[i].capacity();
+        }
+        sample();
+        return st.acts;
+    }
+
+    void forward_done(int layer) override {
+        spillway::trace::scoped_event ev(recorder_, fwd_track_, "save layer " + std::to_string(layer));
+        const auto l = static_cast<std::size_t>(layer);
+        auto& st = layers_[l];
+        const char* names[] = {"ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "residual2", "ln2",
+                               "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
+        // The previous layer's output is this layer's input (ln1's backward reads it); this
+        // layer has read it, so it goes to the stash now, in this layer's scope.
+        if (layer > 0) st.handles.push_back(save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
+        for (std::size_t i = 0; i < 12; ++i) {
+            float* data = st.buffers[i].as<float>().data();
+            st.handles.push_back(save(layer, l, i, names[i], st.buffers[i]));
+            if (i == 4) {
+                // att @ v saves its input: the same tensor the softmax saved (a dedup hit; the
+                // bytes are not read again).
+                std::span<const std::byte> same(reinterpret_cast<const std::byte*>(data), bytes_[4]);
+                st.handles.push_back(stash_->save(desc(layer, l, 4, "att (att @ v input)"), same));
+            }
+        }
+        sample();
+    }
+
+    void forward_end() override {
+        // The final LayerNorm has read the last layer's output; its backward reads it again.
+        const auto l = static_cast<std::size_t>(config_.num_layers - 1);
+        layers_[l].handles.push_back(save(config_.num_layers - 1, l, 12, "residual3", layers_[l].buffers[12]));
+        sample();
+    }
+
+    layer_acts need(int layer) override {
+        const auto l = static_cast<std::size_t>(layer);
+        auto& st = layers_[l];
+        if (st.loaded) return st.acts;
+        auto t0 = spillway::trace::clock::now();
+        std::vector<float*> views;
+        for (auto& h : st.handles)
+            views.push_back(const_cast<float*>(reinterpret_cast<const float*>(stash_->load(h).data())));
+        if (recorder_) recorder_->complete(bwd_track_, "load layer " + std::to_string(layer), t0, spillway::trace::clock::now());
+        // The handles' order: [inp], ln1 .. att, att again, atty .. fch_gelu, [residual3].
+        std::size_t k = 0;
+        layer_acts a;
+        a.inp = layer > 0 ? views[k++] : st.acts.inp;
+        auto ptrs = a.tensors();
+        for (std::size_t i = 0; i < 12; ++i) {
+            *ptrs[i] = views[k++];
+            if (i == 4) ++k;
+        }
+        a.residual3 = layer == config_.num_layers - 1 ? views[k++] : nullptr;
+        st.acts = a;
+        st.loaded = true;
+        sample();
+        return a;
+    }
+
+    void backward_done(int layer) override {
+        release_layer(layers_[static_cast<std::size_t>(layer)]);
+        sample();
+    }
+
+    [[nodiscard]] std::size_t peak_bytes() const override { return peak_; }
+    void reset_peak() override {
+        peak_ = 0;
+        sample();
+    }
+    [[nodiscard]] std::string report() const override {
+        auto s = stash_->stats();
+        auto plan = stash_->plan();
+        std::ostringstream o;
+        o << "  stash           saved " << human(static_cast<double>(s.bytes_saved)) << " (dedup "
+          << human(static_cast<double>(s.bytes_deduplicated)) << "), offloaded "
+          << human(static_cast<double>(s.bytes_offloaded)) << ", kept " << human(static_cast<double>(s.bytes_kept))
+          << ", forwarded " << human(static_cast<double>(s.bytes_forwarded)) << ", loaded "
+          << human(static_cast<double>(s.bytes_loaded)) << "\n";
+        o << "                  write skips " << s.write_skips << ", load wait " << s.load_wait_seconds * 1e3
+          << " ms; adaptive split: ";
+        if (!plan.planned) o << "not planned yet\n";
+        else if (plan.first_kept_layer >= static_cast<std::size_t>(config_.num_layers)) o << "every layer offloaded\n";
+        else o << "layers " << plan.first_kept_layer << "+ kept in memory\n";
+        return o.str();
+    }
+
+private:
+    struct layer_state {
+        layer_acts acts;
+        std::array<spillway::aligned_buffer, layer_acts::num_tensors> buffers;
+        std::vector<spillway::stash_handle> handles;
+        bool loaded = false;
+    };
+
+    spillway::tensor_desc desc(int scope, std::size_t owner, std::size_t tensor, const std::string& name) const {
+        spillway::tensor_desc d;
+        d.name = "layer " + std::to_string(owner) + " " + name;
+        d.storage_id = owner * 16 + tensor + 1;  // one storage per (layer, tensor) buffer
+        d.version = version_;                    // rewritten every step
+        d.type = spillway::dtype::f32;
+        d.shape = {static_cast<std::int64_t>(bytes_[tensor] / sizeof(float))};
+        d.layer = static_cast<std::uint32_t>(scope);
+        return d;
+    }
+    spillway::stash_handle save(int scope, std::size_t owner, std::size_t tensor, const std::string& name,
+                                spillway::aligned_buffer& buffer) {
+        std::size_t cap = buffer.capacity();
+        auto h = stash_->save(desc(scope, owner, tensor, name), std::move(buffer));
+        mine_ -= cap;  // the stash owns (and counts) it now
+        return h;
+    }
+    void release_layer(layer_state& st) {
+        for (auto& h : st.handles)
+            if (h.valid()) stash_->release(h);
+        st.handles.clear();
+        st.loaded = false;
+        for (auto& b : st.buffers) {
+            if (b.data()) {
+                mine_ -= b.capacity();
+                b = spillway::aligned_buffer();
+            }
+        }
+    }
+    void sample() { peak_ = std::max(peak_, stash_->stats().resident_bytes + mine_); }
+
+    gpt2_config config_;
+    int B_, T_;
+    std::filesystem::path dir_;
+    spillway::trace::recorder* recorder_;
+    spillway::trace::track_id fwd_track_{}, bwd_track_{};
+    std::unique_ptr<tier_type> tier_;
+    std::unique_ptr<spillway::activation_stash<tier_type>> stash_;
+    std::array<std::size_t, layer_acts::num_tensors> bytes_{};
+    std::vector<layer_state> layers_;
+    std::uint64_t version_ = 0;
+    std::size_t mine_ = 0;  // bytes of buffers computed into and not yet handed over
+    std::size_t peak_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s, std::size_t count) {
+    switch (s.grads) {
+        case grad_dtype::fp32: return std::make_unique<offloaded_optimizer<float>>(s, count);
+        case grad_dtype::bf16: return std::make_unique<offloaded_optimizer<spillway::bfloat16>>(s, count);
+        case grad_dtype::fp16: return std::make_unique<offloaded_optimizer<spillway::float16>>(s, count);
+    }
+    throw std::logic_error("make_offloaded_optimizer: unknown grad dtype");
+}
+
+std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
+                                                        const store_settings& settings) {
+    return std::make_unique<stash_store>(config, B, T, settings);
 }
 
 }  // namespace mini_gpt

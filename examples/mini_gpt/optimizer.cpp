@@ -2,10 +2,11 @@
 #include "optimizer.hpp"
 
 #include <cmath>
+#include <atomic>
 #include <cstring>
 
 #include "llmc_format.hpp"
-#include "spillway/optim/adam_formula.hpp"
+#include "spillway/optim/adam.hpp"
 
 namespace mini_gpt {
 
@@ -62,24 +63,30 @@ namespace {
 
 class memory_optimizer final : public optimizer {
 public:
-    memory_optimizer(const optimizer_settings& s, std::size_t count)
-        : s_(s), m_(count, 0.0f), v_(count, 0.0f), pool_(static_cast<std::size_t>(std::max(1, s.threads) - 1)) {}
+    memory_optimizer(const optimizer_settings& s, std::size_t count) : s_(s), m_(count, 0.0f), v_(count, 0.0f) {}
 
     void init(std::span<const float>) override {
         std::fill(m_.begin(), m_.end(), 0.0f);
         std::fill(v_.begin(), v_.end(), 0.0f);
     }
     void load(const std::filesystem::path& dir, std::span<const float>) override {
-        read_moments(dir / "moments.bin", m_, v_);
+        auto file = dir / "moments.bin";
+        if (!std::filesystem::exists(file))
+            throw input_error(file.string() +
+                              ": missing (this save was made with --offload optimizer|all; resume with the same mode)");
+        read_moments(file, m_, v_);
     }
     void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
-        auto c = spillway::make_adamw_coefficients(s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps,
-                                                   s_.adam.weight_decay, t, grad_scale, 1.0f);
+        spillway::adamw_config cfg{s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps, s_.adam.weight_decay};
+        spillway::adamw_step_args args;
+        args.step = t;
+        args.grad_scale = grad_scale;
+        // The trainer checked every gradient for inf/NaN before the step (all_finite).
+        args.check = spillway::grad_check::caller_verified;
         std::visit(
             [&](auto g) {
-                pool_.parallel_for(params.size(), [&](std::size_t i0, std::size_t i1) {
-                    for (std::size_t i = i0; i < i1; ++i) spillway::adamw_update(params[i], m_[i], v_[i], widen_one(g[i]), c);
-                }, 1 << 14);
+                using G = typename decltype(g)::element_type;
+                spillway::adamw_step<std::remove_const_t<G>>(cfg, args, params, m_, v_, g, {}, s_.pool);
             },
             grads);
     }
@@ -88,7 +95,6 @@ public:
 private:
     optimizer_settings s_;
     std::vector<float> m_, v_;
-    spillway::detail::thread_pool pool_;
 };
 
 }  // namespace

@@ -17,8 +17,11 @@
 
 #include "gpt2.hpp"
 #include "spillway/optim/half.hpp"
+#include "spillway/trace/recorder.hpp"
 
 namespace mini_gpt {
+
+enum class grad_dtype { fp32, bf16, fp16 };
 
 /// The gradients of one step in the --grad-dtype chosen, kept in host memory.
 using grad_span = std::variant<std::span<const float>, std::span<const spillway::bfloat16>,
@@ -37,7 +40,10 @@ struct optimizer_settings {
     std::size_t subgroup = 1 << 16;               // parameters per subgroup
     int buffers = 4;                              // host buffers of the update pipeline
     std::vector<std::filesystem::path> paths;     // storage paths (offloaded back end)
-    int threads = 1;
+    grad_dtype grads = grad_dtype::fp32;
+    spillway::detail::thread_pool* pool = nullptr;  // the Adam step's threads
+    spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
+    std::string key_prefix = "optim";             // distinct per process on shared paths
 };
 
 class optimizer {
@@ -66,8 +72,13 @@ std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s,
 
 /// Layer blocks from a pool; finished blocks go to Spillway's activation stash over a file
 /// tier under paths[0] and come back in reverse order for backward.
-std::unique_ptr<activation_store> make_offloading_store(int layers, std::size_t block_floats,
-                                                        const std::vector<std::filesystem::path>& paths);
+struct store_settings {
+    std::filesystem::path path;                     // where the activation files go
+    std::string key_prefix = "act";                 // distinct per process on shared paths
+    spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
+};
+std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
+                                                        const store_settings& settings);
 
 /// Reads/writes the moments file shared by the back ends: magic, count, m, v.
 void write_moments(const std::filesystem::path& path, std::span<const float> m, std::span<const float> v);

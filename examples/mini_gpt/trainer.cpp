@@ -17,6 +17,8 @@
 #include <thread>
 #include <variant>
 
+#include <unistd.h>
+
 #include "corpus.hpp"
 #include "gpt2.hpp"
 #include "llmc_format.hpp"
@@ -373,18 +375,24 @@ std::vector<float> train(const options& opt, std::ostream& out) {
     }
 
     // 5. Optimizer and activation store for the --offload mode.
+    std::unique_ptr<spillway::trace::recorder> recorder;
+    if (!opt.trace.empty()) recorder = std::make_unique<spillway::trace::recorder>(spillway::trace::recording::enabled, "mini_gpt");
+    const std::string process_tag = std::to_string(::getpid());
     optimizer_settings os;
     os.adam = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
     os.subgroup = opt.subgroup;
     os.buffers = opt.buffers;
     os.paths = paths;
-    os.threads = threads;
+    os.grads = opt.grads;
+    os.pool = &pool;
+    os.recorder = recorder.get();
+    os.key_prefix = "optim-" + process_tag;
     std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, model.params().size())
                                                    : make_memory_optimizer(os, model.params().size());
     std::size_t block_floats = layer_acts::floats(config, B, T);
     std::unique_ptr<activation_store> store;
-    if (offload_act) store = make_offloading_store(config.num_layers, block_floats, paths);
-    else store = std::make_unique<in_memory_store>(config.num_layers, block_floats);
+    if (offload_act) store = make_offloading_store(config, B, T, {paths.front(), "act-" + process_tag, recorder.get()});
+    else store = std::make_unique<in_memory_store>(config, B, T);
 
     // 6. Resume.
     train_state state;
@@ -407,7 +415,6 @@ std::vector<float> train(const options& opt, std::ostream& out) {
     }
 
     // 7. Train.
-    std::vector<float> grads_f32_unused;
     std::vector<spillway::bfloat16> grads_bf16;
     std::vector<spillway::float16> grads_fp16;
     if (opt.grads == grad_dtype::bf16) grads_bf16.resize(model.params().size());
@@ -428,13 +435,20 @@ std::vector<float> train(const options& opt, std::ostream& out) {
             << " threads, grads " << dtype_name(opt.grads) << ", offload " << offload_name(opt.offload) << ", data "
             << data_name << " (" << tokens.size() << " tokens)\n";
     }
+    spillway::trace::track_id compute_track = recorder ? recorder->track("trainer") : 0;
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
         fill_batch(tokens, step, B, T, 0, B, inputs, targets);
         store->reset_peak();
+        auto tf = clock_type::now();
         float loss = model.forward(inputs.data(), targets.data(), B, T, *store);
+        auto tb = clock_type::now();
         model.zero_grad();
         model.backward(state.loss_scale, *store);
+        if (recorder) {
+            recorder->complete(compute_track, "forward " + std::to_string(step), tf, tb);
+            recorder->complete(compute_track, "backward " + std::to_string(step), tb, clock_type::now());
+        }
 
         // Narrow the gradients to the chosen dtype (kept in host memory; widened lazily
         // inside the AdamW step) and check for overflow over all of them.
@@ -466,6 +480,7 @@ std::vector<float> train(const options& opt, std::ostream& out) {
             }
         }
         double upd_ms = ms_since(tu);
+        if (recorder) recorder->complete(compute_track, "update " + std::to_string(step), tu, clock_type::now());
         double step_ms = ms_since(t0);
         state.next_step = step + 1;
         losses.push_back(loss);
@@ -523,6 +538,13 @@ std::vector<float> train(const options& opt, std::ostream& out) {
 
     // 8. The end: --save-model and the summary.
     if (!opt.save_model.empty()) write_checkpoint(opt.save_model, config, model.params());
+    if (recorder) {
+        try {
+            recorder->save(opt.trace);
+        } catch (const std::system_error& e) {
+            throw input_error(opt.trace.string() + ": cannot write the trace: " + e.what());
+        }
+    }
     if (!opt.json && totals.steps > 0) {
         double n = totals.steps;
         double tok_s = static_cast<double>(BT) * n / (totals.total / 1e3);

@@ -20,9 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "optimizer.hpp"
+
 namespace mini_gpt {
 
-enum class grad_dtype { fp32, bf16, fp16 };
 enum class offload_mode { none, optimizer, activations, all };
 
 struct options {

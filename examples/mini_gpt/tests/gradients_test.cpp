@@ -120,7 +120,7 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
     for (auto& x : in) x = tok(rng);
     for (auto& x : tg) x = tok(rng);
 
-    in_memory_store store(c.num_layers, layer_acts::floats(c, B, T));
+    in_memory_store store(c, B, T);
     float loss = model.forward(in.data(), tg.data(), B, T, store);
     model.zero_grad();
     const float loss_scale = 4.0f;  // a power of two: the scaled gradients are exact multiples
@@ -173,7 +173,7 @@ TEST_CASE("forward and backward give the same bits run to run, and the same as o
         spillway::detail::thread_pool pool(workers);
         gpt2 model(c, pool);
         model.init_gpt2(7);
-        in_memory_store store(c.num_layers, layer_acts::floats(c, B, T));
+        in_memory_store store(c, B, T);
         float loss = model.forward(in.data(), tg.data(), B, T, store);
         model.zero_grad();
         model.backward(1.0f, store);
@@ -197,7 +197,7 @@ TEST_CASE("step-0 loss of a GPT-2-initialised model is near ln(V)") {
     std::mt19937 rng(3);
     for (auto& x : in) x = static_cast<int>(rng() % 256);
     for (auto& x : tg) x = static_cast<int>(rng() % 256);
-    in_memory_store store(c.num_layers, layer_acts::floats(c, B, T));
+    in_memory_store store(c, B, T);
     float loss = model.forward(in.data(), tg.data(), B, T, store);
     CHECK(std::abs(loss - std::log(256.0f)) < 0.05f);
     // Different seeds give different models.
