@@ -6,7 +6,10 @@
 // splits it into `bs` pieces with up to `qd` in flight, with O_DIRECT. The limit is fio on
 // the same file system with the same pattern: bs, iodepth=qd, direct=1, ioengine=io_uring,
 // size=S, sequential (JSON output, bw_bytes); `vs_limit` = our bytes/s / fio's bytes/s, both
-// measured in the same repetition. Host tier rows: blobs of `bs` bytes; the limit is a
+// measured in the same repetition. Both sides overwrite written blocks: fio's file is
+// written in full once before the first row, and each tier row warms up with two writes so
+// that its timed writes recycle a spare file (file_tier_options::spare_files), which is
+// the steady state of a tier whose blobs are rewritten. Host tier rows: blobs of `bs` bytes; the limit is a
 // memcpy of the same size between resident buffers.
 //
 // Flags (besides Google Benchmark's): --full sweeps bs 128 KiB..64 MiB (powers of two) and
@@ -69,25 +72,50 @@ std::size_t find_object(const std::string& s, const std::string& key, std::size_
     return std::string::npos;
 }
 
+std::string run_command(const std::string& cmd, int& status) {
+    std::string out;
+    status = -1;
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+        char buf[4096];
+        std::size_t n;
+        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+        status = ::pclose(p);
+    }
+    return out;
+}
+
+/// The largest blob of any row: fio's file is written once at this size.
+std::size_t max_blob_size = 0;
+
+/// fio's file, written in full once (so fio, like the tier with its spare files, overwrites
+/// written blocks); main() removes it at the end.
+fs::path fio_file_path;
+
+const fs::path& fio_file(const fs::path& dir_path) {
+    if (fio_file_path.empty()) {
+        fio_file_path = dir_path / "fio-limit.dat";
+        int status = 0;
+        run_command("fio --name=prepare --filename=" + fio_file_path.string() +
+                        " --rw=write --bs=8M --iodepth=8 --direct=1 --ioengine=io_uring --size=" +
+                        std::to_string(max_blob_size) + " >/dev/null 2>&1",
+                    status);
+    }
+    return fio_file_path;
+}
+
 /// fio's bandwidth (bytes/s) for the same pattern, or a negative value when fio failed.
 double fio_limit(direction dir, const fs::path& dir_path, std::size_t bs, unsigned qd, std::size_t size,
                  unsigned loops) {
     if (!fio_available()) return -1;
-    auto file = dir_path / "fio-limit.dat";
+    const auto& file = fio_file(dir_path);
     std::string cmd = "fio --name=limit --filename=" + file.string() + " --rw=" +
                       (dir == direction::read ? "read" : "write") + " --bs=" + std::to_string(bs) +
                       " --iodepth=" + std::to_string(qd) + " --direct=1 --ioengine=io_uring --size=" +
                       std::to_string(size) + " --loops=" + std::to_string(loops) +
                       " --output-format=json 2>/dev/null";
-    std::string out;
-    if (FILE* p = ::popen(cmd.c_str(), "r")) {
-        char buf[4096];
-        std::size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-        if (::pclose(p) != 0) return -1;
-    } else {
-        return -1;
-    }
+    int status = 0;
+    std::string out = run_command(cmd, status);
+    if (status != 0) return -1;
     std::size_t jobs = out.find("\"jobs\"");
     if (jobs == std::string::npos) return -1;
     std::size_t obj = find_object(out, dir == direction::read ? "read" : "write", jobs);
@@ -131,7 +159,11 @@ void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned q
     aligned_buffer buf(size, memory_lock::unlocked, 4096, buffer_fill::uninitialized);
     fill_random(buf.bytes());
     const std::string key = "blob";
-    if (dir == direction::read) tier->write(key, buf.bytes()).wait();
+    // Warm-up: the first write creates the file, the second replaces it and leaves a spare,
+    // so timed writes are steady-state rewrites (as in an optimizer's flush) and reads find
+    // the blob.
+    tier->write(key, buf.bytes()).wait();
+    if (dir == direction::write) tier->write(key, buf.bytes()).wait();
 
     auto t0 = std::chrono::steady_clock::now();
     for (auto _ : state) {
@@ -147,7 +179,6 @@ void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned q
 
     // The limit, measured right after ours on the same file system with the same pattern.
     const double fio = fio_limit(dir, dir_path, bs, qd, size, static_cast<unsigned>(state.iterations()));
-    fs::remove(dir_path / "fio-limit.dat");
     state.counters["blob_MiB"] = static_cast<double>(size) / MiB;
     if (fio > 0) {
         state.counters["fio_bytes_per_second"] = fio;
@@ -221,6 +252,7 @@ void register_rows(bool full) {
             for (std::size_t bs : sizes)
                 for (unsigned qd : depths) {
                     const auto size = static_cast<std::int64_t>(file_blob_size(bs, qd));
+                    max_blob_size = std::max(max_blob_size, file_blob_size(bs, qd));
                     auto* b = benchmark::RegisterBenchmark(
                         row_name(dir, kind, bs, qd).c_str(), [=](benchmark::State& st) {
 #if SPILLWAY_HAS_LIBURING
@@ -260,5 +292,9 @@ int main(int argc, char** argv) {
     register_rows(full);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
+    if (!fio_file_path.empty()) {
+        std::error_code ec;
+        fs::remove(fio_file_path, ec);
+    }
     return 0;
 }

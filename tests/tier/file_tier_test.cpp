@@ -69,10 +69,18 @@ std::string key(std::string_view prefix, std::size_t i) {
     return s;
 }
 
-bool no_temporary_files(const fs::path& dir) {
+/// Files with the tier's reserved prefix in `dir` (temporary and spare files).
+std::size_t reserved_files(const fs::path& dir) {
+    std::size_t count = 0;
     for (auto& e : fs::directory_iterator(dir))
-        if (e.path().filename().string().rfind(".spillway.", 0) == 0) return false;
-    return true;
+        if (e.path().filename().string().rfind(".spillway.", 0) == 0) ++count;
+    return count;
+}
+
+/// True when the only reserved files left are the spares the tier says it holds.
+template <class Tier>
+bool no_temporary_files(const Tier& tier) {
+    return reserved_files(tier.directory()) == tier.spare_files_held();
 }
 
 }  // namespace
@@ -107,7 +115,7 @@ TEST_CASE_TEMPLATE("file_tier round-trips sizes from 1 byte to 64 MiB from align
     round_trip(tier, "largest", largest, 0, ++seed);                // straight from the caller's buffer
     // Rewriting a key with another size replaces it.
     round_trip(tier, "blob-1-0", 70'000, 3, 99);
-    CHECK(no_temporary_files(dir.path()));
+    CHECK(no_temporary_files(tier));
     auto s = tier.stats();
     CHECK(s.writes == 27);
     CHECK(s.reads == 27);
@@ -243,7 +251,7 @@ TEST_CASE("a full file system (EFBIG via RLIMIT_FSIZE) fails the write and keeps
     CHECK(what_fresh.find("'fresh'") != std::string::npos);
     CHECK_FALSE(tier.contains("fresh"));
     CHECK(tier.used() == used);
-    CHECK(no_temporary_files(dir.path()));
+    CHECK(no_temporary_files(tier));
     std::vector<std::byte> back(old.size());
     tier.read("k", back).wait();
     CHECK(back == old);
@@ -406,4 +414,40 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
     CHECK(bad.load() == 0);
     CHECK(again.stats().reads == blobs);
     CHECK(again.stats().writes == blobs);
+}
+
+TEST_CASE("file_tier recycles the files that rewrites replace, up to spare_files, and removes them at the end") {
+    test::temp_dir dir("file-tier-spares");
+    {
+        file_tier_options opt;
+        opt.spare_files = 2;
+        file_tier<> tier(dir.path(), opt);
+        std::uint64_t seed = 0;
+        // Rewrites of growing and shrinking sizes reuse spares: every version reads back exactly.
+        for (std::size_t n : {std::size_t{100'000}, std::size_t{100'000}, std::size_t{300'001}, std::size_t{4096},
+                              std::size_t{1}, std::size_t{250'000}, std::size_t{0}, std::size_t{77'777}}) {
+            CAPTURE(n);
+            for (const char* k : {"a", "b", "c"}) {
+                auto data = test::random_bytes(n, ++seed);
+                tier.write(k, data).wait();
+                std::vector<std::byte> back(n);
+                tier.read(k, back).wait();
+                CHECK(back == data);
+                CHECK(fs::file_size(dir.path() / k) == n);
+            }
+            CHECK(tier.spare_files_held() <= 2);
+            CHECK(no_temporary_files(tier));
+        }
+        CHECK(tier.spare_files_held() >= 1);  // sequential rewrites: one spare circulates
+        CHECK(tier.used() == 3 * 77'777);
+    }
+    CHECK(reserved_files(dir.path()) == 0);
+    file_tier_options none;
+    none.spare_files = 0;
+    file_tier<> tier(dir.path(), none);
+    auto data = test::random_bytes(5000, 1);
+    tier.write("a", data).wait();
+    tier.write("a", data).wait();
+    CHECK(tier.spare_files_held() == 0);
+    CHECK(reserved_files(dir.path()) == 0);
 }
