@@ -1,0 +1,1135 @@
+// spillway/optim/update_pipeline.hpp: the offloaded optimizer's update phase.
+//
+// update_pipeline<Tier, Grad, ParamCopy> keeps the AdamW state of `param_count` parameters
+// (fp32 master params, fp32 m and v) on a storage tier, split into subgroups of
+// `subgroup_size` elements, one blob per subgroup (key "<prefix>-<i>": params | m | v, 12
+// bytes per element). The trainer keeps its gradients (Grad: float16, bfloat16 or float) and
+// its compute copy of the params (ParamCopy: float16, bfloat16 or float) in host memory; one
+// update() call runs AdamW over every subgroup with a fixed budget of host buffers and
+// writes the updated compute copy into the trainer's buffer.
+//
+// Guarantees:
+// - Results are bit-identical to adamw_step over the whole arrays held in memory, for every
+//   order, resident-set size, gradient path and tier (adamw_step's results do not depend on
+//   how the arrays are split).
+// - Overflow: update() first sums the squares of every gradient (grad_sum_squares, which
+//   also gives the global norm for clipping). If any gradient is inf/NaN it returns
+//   step_result::skipped_overflow before any I/O: nothing on the tier, in the buffers or in
+//   the trainer's copy changes, and the step counter does not advance.
+// - Clipping: with max_grad_norm > 0 the gradients are scaled by clip_coefficient(total,
+//   max_grad_norm) (torch's clip_grad_norm_ over all parameters).
+// - Faults: a tier error is rethrown as std::system_error (same errno; other exceptions as
+//   std::runtime_error) whose message names the subgroup, its key and the tier. No state
+//   is lost: every subgroup's newest state is either on the tier or in a host buffer, and
+//   each location carries the step it holds; a subgroup whose write failed stays in its
+//   buffer. Calling update() again with the same gradients (after the fault clears) applies
+//   the step exactly once to each subgroup, so the result equals a run without faults.
+// - I/O: with R = host_buffers - 3 resident buffers (resident_policy::keep_last_updated),
+//   the last R subgroups updated by a call stay in host memory, unwritten, and the next call
+//   serves them without a read; so every call after the first reads and writes
+//   min(R, N) subgroups fewer than N. With the alternating order they are the first ones the
+//   next call visits, so their buffers return to the pool at once.
+// - Buffers: host_buffers aligned_buffers of 12 * subgroup_size bytes (16 with
+//   gradient_path::fp32_on_tier), allocated once, optionally mlock()ed; nothing else of
+//   that size is allocated per call.
+// - The pipeline holds the tier by reference (the caller keeps it alive and does not touch
+//   the pipeline's keys); the destructor erases the pipeline's blobs.
+// - Not thread-safe: one thread drives a pipeline; the tier and the thread pool may be shared.
+//
+// Buffer hand-off protocol of one update() call (each buffer is free, reading, ready,
+// writing or resident; one thread runs the steps, the tier completes I/O asynchronously):
+//  1. Check the gradients (sum of squares of all; overflow returns here) and compute the
+//     clipping coefficient. Make room: if more than host_buffers - 3 subgroups are resident
+//     (only after a failed call), write out those visited last until the bound holds.
+//  2. Walk the subgroups in this call's order (alternating_order(N, steps(), first) or
+//     ascending). At each position p, first issue reads ahead: for the next positions in
+//     order whose subgroup is not resident, take a free buffer and issue its read, until no
+//     buffer is free (reads run ahead as far as the budget allows).
+//  3. Take the buffer of the subgroup at p: a resident buffer is used as is (no read; counted
+//     as served from the resident set). Otherwise, if its read was never issued because no
+//     buffer was free, wait for the oldest write to finish (write-wait) and issue it; then
+//     wait for the read (read-wait).
+//  4. Compute: if the buffer holds the subgroup at step t-1, run adamw_step for step t with
+//     the trainer's gradients of the subgroup (widened inside the step), writing the compute
+//     copy to the trainer's buffer; if it already holds step t (a retried call), only write
+//     the compute copy.
+//  5. Hand the buffer on: at one of the last R positions it becomes resident (no write);
+//     otherwise, if dirty, issue the write of the subgroup's blob and mark the buffer
+//     writing; a clean one is freed at once.
+//  6. A writing buffer becomes free when its write completed (checked at every position and
+//     when a buffer is needed); the tier then holds step t for that subgroup.
+//  7. After the last position wait for every write (write-wait), then advance the step
+//     counter. On an error anywhere: wait for everything in flight, keep each buffer whose
+//     newest state is not on the tier as resident, free the others, and throw the first
+//     error, naming its subgroup.
+//
+// The DeepSpeed-like baseline is the same engine with parts switched off (pipeline_options):
+// subgroup_order::ascending, resident_policy::none, gradient_path::fp32_on_tier (the trainer
+// calls hand_over_gradients() in backward, which widens the gradients to fp32 and writes them
+// to the tier, and the update reads them back), and a tier with one path.
+//
+// Save and restore: save(dir) writes every subgroup's state as "subgroup-<i>.bin" plus a
+// "manifest.txt" with the shape, the step and a CRC-32C per subgroup, all mode 0600, into a
+// temporary directory that then replaces `dir` atomically (a crash never destroys the
+// previous good save). restore() builds a new pipeline over any tier from such a directory
+// and refuses a truncated or corrupted subgroup file with an error naming the subgroup.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <ranges>
+#include <utility>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+#include "spillway/detail/thread_pool.hpp"
+#include "spillway/error.hpp"
+#include "spillway/io/aligned_buffer.hpp"
+#include "spillway/io/completion.hpp"
+#include "spillway/optim/adam.hpp"
+#include "spillway/optim/detail/pipeline_checkpoint.hpp"
+#include "spillway/optim/half.hpp"
+#include "spillway/schedule/alternating_order.hpp"
+#include "spillway/tier/storage_tier.hpp"
+#include "spillway/tier/tier_stats.hpp"
+#include "spillway/trace/recorder.hpp"
+
+namespace spillway {
+
+/// The order in which one update call visits the subgroups.
+enum class subgroup_order {
+    alternating,  ///< 0..N-1, then N-1..0, ... (MLP-Offload)
+    ascending,    ///< 0..N-1 every time (DeepSpeed)
+};
+
+/// What happens to the buffers of the last subgroups a call updates.
+enum class resident_policy {
+    keep_last_updated,  ///< the last host_buffers - 3 stay in memory for the next call
+    none,               ///< every subgroup is written back (DeepSpeed)
+};
+
+/// How gradients reach the update.
+enum class gradient_path {
+    lazy_widening,  ///< stay fp16/bf16 in host memory, widened inside the Adam step
+    fp32_on_tier,   ///< widened to fp32 and written to the tier in backward, read back (DeepSpeed)
+};
+
+/// The shape of the optimizer and the memory it may use.
+struct pipeline_config {
+    std::size_t param_count = 0;    ///< parameters in total (> 0)
+    std::size_t subgroup_size = 0;  ///< parameters per subgroup (> 0; the last one may be smaller)
+    std::size_t host_buffers = 3;   ///< subgroup buffers (>= 3); beyond 3 they form the resident set
+    memory_lock lock = memory_lock::unlocked;  ///< mlock() the buffers
+    adamw_config adam{};
+    double max_grad_norm = 0;  ///< global-norm clipping threshold; 0 turns clipping off
+};
+
+/// How the pipeline runs: the switches of the ablation, and hooks.
+struct pipeline_options {
+    subgroup_order order = subgroup_order::alternating;
+    direction first_direction = direction::ascending;  ///< the first call's direction
+    resident_policy resident = resident_policy::keep_last_updated;
+    gradient_path gradients = gradient_path::lazy_widening;
+    std::string key_prefix = "optim";        ///< tier keys are "<prefix>-<i>" (and "<prefix>-<i>.grad")
+    detail::thread_pool* pool = nullptr;     ///< Adam's threads; nullptr: the shared pool
+    trace::recorder* recorder = nullptr;     ///< timeline (tracks "reads", "compute", "writes")
+};
+
+/// Per-call arguments.
+struct update_args {
+    float grad_scale = 1.0f;  ///< the loss scale the gradients carry (divided out)
+};
+
+/// Bytes a tier (or one child of a virtual tier) moved during a call.
+struct child_io {
+    std::string name;
+    std::uint64_t bytes_read = 0;
+    std::uint64_t bytes_written = 0;
+};
+
+/// What one update() (or hand_over_gradients()) call did.
+struct update_stats {
+    step_result result = step_result::applied;
+    std::int64_t step = 0;          ///< the Adam step applied (0 when skipped)
+    double seconds = 0;             ///< wall time of the update call
+    double read_wait_seconds = 0;   ///< blocked waiting for reads
+    double compute_seconds = 0;     ///< in the Adam step (and the gradient check)
+    double write_wait_seconds = 0;  ///< blocked waiting for writes
+    double handover_seconds = 0;    ///< hand_over_gradients() for this step (fp32_on_tier)
+    std::size_t subgroups_read = 0;
+    std::size_t subgroups_written = 0;
+    std::size_t served_from_resident = 0;
+    std::uint64_t bytes_read = 0;     ///< state (and fp32 gradient) bytes the pipeline read
+    std::uint64_t bytes_written = 0;  ///< state bytes the pipeline wrote
+    std::uint64_t handover_bytes_written = 0;
+    std::vector<child_io> children;   ///< per tier child (one entry for a plain tier)
+    double grad_norm = 0;             ///< global L2 norm of the unscaled gradients
+    float clip_coef = 1.0f;
+};
+
+/// A tier that reports per-child statistics (a virtual tier): report() returns a range of
+/// entries with `name` and `moved` (the tier_stats of the transfers to and from that child).
+/// Detected, not required.
+template <class T>
+concept tier_with_children =
+    requires(const T& t) {
+        { t.report() } -> std::ranges::range;
+    } && requires(const std::ranges::range_value_t<decltype(std::declval<const T&>().report())>& c) {
+        { c.name } -> std::convertible_to<std::string>;
+        { c.moved } -> std::convertible_to<tier_stats>;
+    };
+
+template <storage_tier Tier, class Grad, class ParamCopy = Grad>
+class update_pipeline {
+    static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "update_pipeline: Grad must be float, float16 or bfloat16");
+    static_assert(std::is_same_v<ParamCopy, float> || is_half_v<ParamCopy>,
+                  "update_pipeline: ParamCopy must be float, float16 or bfloat16");
+
+public:
+    using tier_type = Tier;
+    using grad_type = Grad;
+    using copy_type = ParamCopy;
+    using clock = std::chrono::steady_clock;
+
+    /// Initialises the state on `tier` from the trainer's fp32 `initial_params` (m = v = 0).
+    /// Throws std::invalid_argument for a bad config, options or size; std::system_error
+    /// (naming the subgroup) when the tier fails, after erasing what it wrote.
+    update_pipeline(Tier& tier, pipeline_config config, std::span<const float> initial_params,
+                    pipeline_options options = {})
+        : tier_(tier), cfg_(config), opts_(std::move(options)) {
+        setup();
+        expect_argument(initial_params.size() == cfg_.param_count,
+                        "update_pipeline: initial_params has " + std::to_string(initial_params.size()) +
+                            " elements but param_count is " + std::to_string(cfg_.param_count));
+        try {
+            initialise(initial_params);
+        } catch (...) {
+            erase_all();
+            throw;
+        }
+    }
+
+    /// Builds a pipeline from a directory written by save(), over `tier` (any tier). The
+    /// config must have the saved param_count and subgroup_size (std::invalid_argument
+    /// naming the field otherwise); the buffers, Adam settings and options may differ.
+    /// Throws std::runtime_error naming the subgroup for a missing, truncated or corrupted
+    /// subgroup file (nothing is left on the tier then).
+    static update_pipeline restore(const std::filesystem::path& dir, Tier& tier, pipeline_config config,
+                                   pipeline_options options = {}) {
+        return update_pipeline(restore_tag{}, dir, tier, config, std::move(options));
+    }
+
+    update_pipeline(const update_pipeline&) = delete;
+    update_pipeline& operator=(const update_pipeline&) = delete;
+    ~update_pipeline() {
+        for (auto& b : bufs_) drain(b);
+        erase_all();
+    }
+
+    // ---- The update phase -----------------------------------------------------------
+
+    /// gradient_path::fp32_on_tier only (the DeepSpeed-like backward): checks `grads`, widens
+    /// each subgroup's gradients to fp32 and writes them to the tier ("<prefix>-<i>.grad"),
+    /// pipelined over the free host buffers. The next update(copy_out) uses them. The time
+    /// goes into last_stats().handover_seconds of that update.
+    void hand_over_gradients(std::span<const Grad> grads, update_args args = {}) {
+        expect_argument(opts_.gradients == gradient_path::fp32_on_tier,
+                        "update_pipeline::hand_over_gradients needs gradient_path::fp32_on_tier");
+        check_grads_size(grads);
+        auto t0 = clock::now();
+        handover_ = handover_state{};
+        handover_.sum_squares = sum_squares(grads, args.grad_scale);
+        handover_.grad_scale = args.grad_scale;
+        handover_.for_step = steps_ + 1;
+        if (std::isfinite(handover_.sum_squares)) write_fp32_grads(grads);
+        handover_.valid = true;
+        handover_.seconds = seconds_since(t0);
+    }
+
+    /// Runs one AdamW step over every subgroup (see the protocol in the header comment).
+    /// `grads` (param_count elements) are the trainer's gradients; with fp32_on_tier they are
+    /// first handed over (as hand_over_gradients would in backward). `copy_out` receives the
+    /// updated compute copy (param_count elements, or empty for none). Returns applied or
+    /// skipped_overflow; stats in last_stats(). Throws as described in the header comment.
+    step_result update(std::span<const Grad> grads, std::span<ParamCopy> copy_out, update_args args = {}) {
+        check_grads_size(grads);
+        if (opts_.gradients == gradient_path::fp32_on_tier) {
+            hand_over_gradients(grads, args);
+            return run(std::span<const Grad>{}, copy_out);
+        }
+        auto t0 = clock::now();
+        double total = sum_squares(grads, args.grad_scale);
+        handover_ = handover_state{};
+        handover_.sum_squares = total;
+        handover_.grad_scale = args.grad_scale;
+        handover_.for_step = steps_ + 1;
+        handover_.valid = true;
+        double check_seconds = seconds_since(t0);
+        auto r = run(grads, copy_out, t0);
+        stats_.compute_seconds += check_seconds;
+        return r;
+    }
+
+    /// gradient_path::fp32_on_tier: the update after hand_over_gradients() for this step.
+    step_result update(std::span<ParamCopy> copy_out) {
+        expect_argument(opts_.gradients == gradient_path::fp32_on_tier,
+                        "update_pipeline::update(copy_out) needs gradient_path::fp32_on_tier; "
+                        "pass the gradients with lazy widening");
+        return run(std::span<const Grad>{}, copy_out);
+    }
+
+    /// Writes every dirty resident subgroup to the tier (they stay resident, now clean).
+    void flush() {
+        for (std::size_t b = 0; b < bufs_.size(); ++b) {
+            auto& buf = bufs_[b];
+            if (buf.use == use_state::resident && buf.dirty) write_now(b);
+        }
+    }
+
+    // ---- Save and restore -----------------------------------------------------------
+
+    /// Saves the whole state to `dir` (see the header comment). Throws std::logic_error if
+    /// the last update() failed part-way (subgroups at different steps: run update() again
+    /// first), std::system_error naming the path for file errors, std::invalid_argument if
+    /// `dir` exists and is not a save (no manifest.txt) and not empty.
+    void save(const std::filesystem::path& dir) {
+        namespace fs = std::filesystem;
+        for (std::size_t s = 0; s < n_; ++s)
+            if (version_of(s) != steps_)
+                throw std::logic_error("update_pipeline::save: subgroup " + std::to_string(s) + " holds step " +
+                                       std::to_string(version_of(s)) + " but the pipeline is at step " +
+                                       std::to_string(steps_) + " (an update failed part-way; run it again first)");
+        std::error_code ec;
+        if (fs::exists(dir, ec)) {
+            expect_argument(fs::is_directory(dir, ec), "update_pipeline::save: " + dir.string() + " is not a directory");
+            expect_argument(fs::exists(dir / "manifest.txt") || fs::is_empty(dir, ec),
+                            "update_pipeline::save: " + dir.string() +
+                                " exists and is not an optimizer save (no manifest.txt); refusing to replace it");
+        }
+        fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+        std::string templ = (parent / (dir.filename().string() + ".tmp-XXXXXX")).string();
+        std::vector<char> name(templ.begin(), templ.end());
+        name.push_back('\0');
+        if (!::mkdtemp(name.data())) throw_system_error(errno, "mkdtemp", "update_pipeline::save in " + parent.string());
+        fs::path tmp(name.data());
+        try {
+            std::ostringstream manifest;
+            manifest << "spillway-optimizer-state 1\n"
+                     << "param_count " << cfg_.param_count << "\n"
+                     << "subgroup_size " << cfg_.subgroup_size << "\n"
+                     << "subgroups " << n_ << "\n"
+                     << "step " << steps_ << "\n"
+                     << "iteration " << iteration_ << "\n";
+            std::size_t scratch = scratch_buffer();
+            for (std::size_t s = 0; s < n_; ++s) {
+                std::span<const std::byte> bytes;
+                if (resident_of_[s] >= 0) {
+                    bytes = bufs_[static_cast<std::size_t>(resident_of_[s])].mem.bytes().first(blob_bytes(s));
+                } else {
+                    auto out = bufs_[scratch].mem.bytes().first(blob_bytes(s));
+                    read_now(s, out);
+                    bytes = out;
+                }
+                auto crc = detail::crc32c(bytes);
+                detail::write_file(tmp / file_name(s), bytes, "update_pipeline::save of subgroup " + std::to_string(s));
+                manifest << "subgroup " << s << " " << bytes.size() << " " << crc << "\n";
+            }
+            manifest << "end\n";
+            std::string text = manifest.str();
+            detail::write_file(tmp / "manifest.txt", std::as_bytes(std::span(text.data(), text.size())),
+                               "update_pipeline::save manifest");
+            detail::sync_directory(tmp);
+            detail::replace_directory(tmp, dir);
+        } catch (...) {
+            fs::remove_all(tmp, ec);
+            throw;
+        }
+    }
+
+    // ---- Inspection -----------------------------------------------------------------
+
+    /// Completed Adam steps (the next update applies step steps() + 1).
+    [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+    [[nodiscard]] std::size_t subgroup_count() const noexcept { return n_; }
+    /// Parameters in subgroup s.
+    [[nodiscard]] std::size_t subgroup_elements(std::size_t s) const noexcept {
+        return std::min(cfg_.subgroup_size, cfg_.param_count - s * cfg_.subgroup_size);
+    }
+    /// Bytes of subgroup s's state blob (12 per parameter).
+    [[nodiscard]] std::size_t blob_bytes(std::size_t s) const noexcept { return 3 * sizeof(float) * subgroup_elements(s); }
+    /// The most subgroups kept resident between calls.
+    [[nodiscard]] std::size_t resident_capacity() const noexcept {
+        return opts_.resident == resident_policy::keep_last_updated ? std::min(cfg_.host_buffers - 3, n_) : 0;
+    }
+    /// Subgroups now held in host buffers between calls.
+    [[nodiscard]] std::vector<std::size_t> resident_subgroups() const {
+        std::vector<std::size_t> out;
+        for (std::size_t s = 0; s < n_; ++s)
+            if (resident_of_[s] >= 0) out.push_back(s);
+        return out;
+    }
+    /// Host bytes of the buffers.
+    [[nodiscard]] std::size_t host_buffer_bytes() const noexcept {
+        std::size_t t = 0;
+        for (auto& b : bufs_) t += b.mem.capacity();
+        return t;
+    }
+    /// The order the next update() visits the subgroups in.
+    [[nodiscard]] alternating_order next_order() const noexcept {
+        return opts_.order == subgroup_order::alternating ? alternating_order(n_, iteration_, opts_.first_direction)
+                                                          : ascending_order(n_);
+    }
+    [[nodiscard]] const update_stats& last_stats() const noexcept { return stats_; }
+    [[nodiscard]] const pipeline_config& config() const noexcept { return cfg_; }
+    [[nodiscard]] const pipeline_options& options() const noexcept { return opts_; }
+    /// The tier key of subgroup s's state.
+    [[nodiscard]] const std::string& key(std::size_t s) const { return keys_.at(s); }
+
+    /// Copies subgroup s's current fp32 params, m and v (from its buffer or the tier) into
+    /// the spans (each subgroup_elements(s) long; empty spans are skipped). Uses a free buffer.
+    void read_state(std::size_t s, std::span<float> params, std::span<float> m, std::span<float> v) {
+        expect_argument(s < n_, "update_pipeline::read_state: subgroup " + std::to_string(s) + " out of range (" +
+                                    std::to_string(n_) + " subgroups)");
+        const std::size_t c = subgroup_elements(s);
+        const float* src;
+        if (resident_of_[s] >= 0) {
+            src = bufs_[static_cast<std::size_t>(resident_of_[s])].mem.template as<float>().data();
+        } else {
+            std::size_t b = scratch_buffer();
+            read_now(s, bufs_[b].mem.bytes().first(blob_bytes(s)));
+            src = bufs_[b].mem.template as<float>().data();
+        }
+        auto put = [&](std::span<float> out, std::size_t section, const char* what) {
+            if (out.empty()) return;
+            expect_argument(out.size() == c, std::string("update_pipeline::read_state: ") + what + " has " +
+                                                 std::to_string(out.size()) + " elements, subgroup " + std::to_string(s) +
+                                                 " has " + std::to_string(c));
+            std::memcpy(out.data(), src + section * c, c * sizeof(float));
+        };
+        put(params, 0, "params");
+        put(m, 1, "m");
+        put(v, 2, "v");
+    }
+    /// All fp32 master params (param_count elements).
+    void read_params(std::span<float> out) {
+        expect_argument(out.size() == cfg_.param_count, "update_pipeline::read_params: output has " +
+                                                            std::to_string(out.size()) + " elements, expected " +
+                                                            std::to_string(cfg_.param_count));
+        for (std::size_t s = 0; s < n_; ++s)
+            read_state(s, out.subspan(s * cfg_.subgroup_size, subgroup_elements(s)), {}, {});
+    }
+
+private:
+    struct restore_tag {};
+    enum class use_state { free, reading, ready, writing, resident };
+    struct buffer {
+        aligned_buffer mem;
+        std::ptrdiff_t sg = -1;      // subgroup held
+        std::int64_t version = 0;    // step of the state held
+        bool dirty = false;          // newer than the tier's copy
+        use_state use = use_state::free;
+        io_completion op;            // state read or write in flight
+        io_completion gop;           // fp32 gradient read in flight
+        clock::time_point issued{};
+        bool traced_end = false;
+    };
+    struct handover_state {
+        bool valid = false;
+        std::int64_t for_step = 0;
+        double sum_squares = 0;
+        float grad_scale = 1;
+        double seconds = 0;
+        std::uint64_t bytes = 0;
+    };
+    struct call_error {
+        std::exception_ptr error;
+        std::size_t subgroup = 0;
+        const char* what = "";
+    };
+
+    update_pipeline(restore_tag, const std::filesystem::path& dir, Tier& tier, pipeline_config config,
+                    pipeline_options options)
+        : tier_(tier), cfg_(config), opts_(std::move(options)) {
+        setup();
+        try {
+            load(dir);
+        } catch (...) {
+            erase_all();
+            throw;
+        }
+    }
+
+    // ---- Set-up ---------------------------------------------------------------------
+
+    void setup() {
+        expect_argument(cfg_.param_count > 0, "update_pipeline: param_count must be > 0");
+        expect_argument(cfg_.subgroup_size > 0, "update_pipeline: subgroup_size must be > 0");
+        expect_argument(cfg_.host_buffers >= 3, "update_pipeline: host_buffers is " + std::to_string(cfg_.host_buffers) +
+                                                    "; the pipeline needs at least 3 (read, update, write)");
+        expect_argument(std::isfinite(cfg_.max_grad_norm) && cfg_.max_grad_norm >= 0,
+                        "update_pipeline: max_grad_norm must be finite and >= 0 (0: no clipping), got " +
+                            std::to_string(cfg_.max_grad_norm));
+        validate(cfg_.adam);
+        validate_key(opts_.key_prefix, "update_pipeline key_prefix");
+        expect_argument(opts_.key_prefix.size() <= 200, "update_pipeline: key_prefix is longer than 200 bytes");
+        n_ = (cfg_.param_count + cfg_.subgroup_size - 1) / cfg_.subgroup_size;
+        keys_.reserve(n_);
+        for (std::size_t s = 0; s < n_; ++s) {
+            keys_.push_back(opts_.key_prefix + "-" + std::to_string(s));
+            if (opts_.gradients == gradient_path::fp32_on_tier) grad_keys_.push_back(keys_.back() + ".grad");
+        }
+        for (std::size_t s = 0; s < n_; ++s)
+            expect_argument(!tier_.contains(keys_[s]), "update_pipeline: the tier '" + std::string(tier_.name()) +
+                                                           "' already holds key " + spillway::quoted(keys_[s]) +
+                                                           " (another pipeline with the same key_prefix?)");
+        std::size_t nbytes = 3 * sizeof(float) * cfg_.subgroup_size;
+        if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
+        bufs_.resize(cfg_.host_buffers);
+        for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock);
+        tier_version_.assign(n_, 0);
+        resident_of_.assign(n_, -1);
+        if (opts_.recorder) {
+            tr_reads_ = opts_.recorder->track("reads");
+            tr_compute_ = opts_.recorder->track("compute");
+            tr_writes_ = opts_.recorder->track("writes");
+        }
+    }
+
+    void initialise(std::span<const float> params) {
+        // Pipelined: fill a free buffer, issue its write; wait for the oldest when none is free.
+        for (std::size_t s = 0; s < n_; ++s) {
+            std::size_t b = take_free_buffer(nullptr);
+            auto& buf = bufs_[b];
+            const std::size_t c = subgroup_elements(s);
+            float* f = buf.mem.template as<float>().data();
+            std::memcpy(f, params.data() + s * cfg_.subgroup_size, c * sizeof(float));
+            std::memset(f + c, 0, 2 * c * sizeof(float));
+            buf.sg = static_cast<std::ptrdiff_t>(s);
+            buf.version = 0;
+            buf.dirty = true;
+            issue_write(b);
+        }
+        wait_all_writes(nullptr);
+        rethrow_pending();
+    }
+
+    void load(const std::filesystem::path& dir) {
+        // Manifest first: shape and checksums.
+        std::ifstream in(dir / "manifest.txt");
+        if (!in) throw_system_error(errno ? errno : ENOENT, "open", "update_pipeline::restore: " + (dir / "manifest.txt").string());
+        std::string magic;
+        int format = 0;
+        in >> magic >> format;
+        if (magic != "spillway-optimizer-state" || format != 1)
+            throw std::runtime_error("update_pipeline::restore: " + (dir / "manifest.txt").string() +
+                                     " is not a spillway optimizer save (format 1)");
+        auto field = [&](const char* name) {
+            std::string k;
+            std::int64_t v = -1;
+            in >> k >> v;
+            if (!in || k != name || v < 0)
+                throw std::runtime_error("update_pipeline::restore: manifest field '" + std::string(name) +
+                                         "' is missing or malformed in " + dir.string());
+            return v;
+        };
+        auto param_count = static_cast<std::size_t>(field("param_count"));
+        auto subgroup_size = static_cast<std::size_t>(field("subgroup_size"));
+        auto subgroups = static_cast<std::size_t>(field("subgroups"));
+        auto step = field("step");
+        auto iteration = static_cast<std::uint64_t>(field("iteration"));
+        expect_argument(param_count == cfg_.param_count, "update_pipeline::restore: the save has param_count " +
+                                                             std::to_string(param_count) + ", the config " +
+                                                             std::to_string(cfg_.param_count));
+        expect_argument(subgroup_size == cfg_.subgroup_size, "update_pipeline::restore: the save has subgroup_size " +
+                                                                 std::to_string(subgroup_size) + ", the config " +
+                                                                 std::to_string(cfg_.subgroup_size));
+        if (subgroups != n_)
+            throw std::runtime_error("update_pipeline::restore: the manifest lists " + std::to_string(subgroups) +
+                                     " subgroups, the shape implies " + std::to_string(n_));
+        std::vector<std::uint32_t> crcs(n_);
+        for (std::size_t s = 0; s < n_; ++s) {
+            std::string k;
+            std::size_t id = 0, nbytes = 0;
+            std::uint64_t crc = 0;
+            in >> k >> id >> nbytes >> crc;
+            if (!in || k != "subgroup" || id != s || nbytes != blob_bytes(s) || crc > 0xffffffffu)
+                throw std::runtime_error("update_pipeline::restore: manifest entry of subgroup " + std::to_string(s) +
+                                         " is missing or malformed in " + dir.string());
+            crcs[s] = static_cast<std::uint32_t>(crc);
+        }
+        std::string end;
+        in >> end;
+        if (end != "end") throw std::runtime_error("update_pipeline::restore: manifest in " + dir.string() + " is truncated");
+        // Then each subgroup: size, checksum, write to the tier.
+        for (std::size_t s = 0; s < n_; ++s) {
+            std::size_t b = take_free_buffer(nullptr);
+            auto& buf = bufs_[b];
+            auto bytes = buf.mem.bytes().first(blob_bytes(s));
+            auto path = dir / file_name(s);
+            std::size_t got = detail::read_file(path, bytes, "update_pipeline::restore of subgroup " + std::to_string(s));
+            if (got != bytes.size())
+                throw std::runtime_error("update_pipeline::restore: subgroup " + std::to_string(s) + " is truncated: " +
+                                         path.string() + " has " + bytes_str(got) + ", the manifest says " +
+                                         bytes_str(bytes.size()));
+            if (detail::crc32c(bytes) != crcs[s])
+                throw std::runtime_error("update_pipeline::restore: subgroup " + std::to_string(s) +
+                                         " is corrupted: the CRC-32C of " + path.string() +
+                                         " does not match the manifest");
+            buf.sg = static_cast<std::ptrdiff_t>(s);
+            buf.version = step;
+            buf.dirty = true;
+            issue_write(b);
+        }
+        wait_all_writes(nullptr);
+        rethrow_pending();
+        steps_ = step;
+        iteration_ = iteration;
+        tier_version_.assign(n_, step);
+    }
+
+    // ---- The phase ------------------------------------------------------------------
+
+    step_result run(std::span<const Grad> grads, std::span<ParamCopy> copy_out,
+                    std::optional<clock::time_point> started = std::nullopt) {
+        auto t0 = started.value_or(clock::now());
+        expect_argument(copy_out.empty() || copy_out.size() == cfg_.param_count,
+                        "update_pipeline::update: copy_out has " + std::to_string(copy_out.size()) +
+                            " elements, expected param_count " + std::to_string(cfg_.param_count) + " (or none)");
+        expect_argument(handover_.valid && handover_.for_step == steps_ + 1,
+                        "update_pipeline::update: the gradients of step " + std::to_string(steps_ + 1) +
+                            " were not handed over (call hand_over_gradients first)");
+        const std::int64_t target = steps_ + 1;
+        stats_ = update_stats{};
+        stats_.handover_seconds = opts_.gradients == gradient_path::fp32_on_tier ? handover_.seconds : 0.0;
+        stats_.handover_bytes_written = handover_.bytes;
+        stats_.grad_norm = std::sqrt(handover_.sum_squares);
+        if (!std::isfinite(handover_.sum_squares)) {
+            stats_.result = step_result::skipped_overflow;
+            stats_.seconds = seconds_since(t0);
+            return step_result::skipped_overflow;  // step 1: nothing touched
+        }
+        float clip = 1.0f;
+        if (cfg_.max_grad_norm > 0) clip = clip_coefficient(handover_.sum_squares, cfg_.max_grad_norm);
+        stats_.clip_coef = clip;
+        adamw_step_args args;
+        args.step = target;
+        args.grad_scale = handover_.grad_scale;
+        args.clip_coef = clip;
+        args.check = grad_check::caller_verified;
+
+        auto before = child_snapshot();
+        make_room();  // step 1, second half
+        const auto order = next_order();
+        const std::size_t keep = resident_capacity();
+        std::vector<std::ptrdiff_t> read_buf(n_, -1);
+        std::size_t next = 0;
+        try {
+            for (std::size_t p = 0; p < n_; ++p) {
+                const std::size_t s = order[p];
+                poll_writes();
+                rethrow_pending();
+                // Step 2: reads ahead.
+                next = std::max(next, p);
+                while (next < n_) {
+                    std::size_t s2 = order[next];
+                    if (resident_of_[s2] >= 0) {
+                        if (opts_.gradients == gradient_path::fp32_on_tier)
+                            issue_grad_read(static_cast<std::size_t>(resident_of_[s2]), s2);
+                        ++next;
+                        continue;
+                    }
+                    auto b = find_free();
+                    if (!b) break;
+                    issue_read(*b, s2);
+                    read_buf[next] = static_cast<std::ptrdiff_t>(*b);
+                    ++next;
+                }
+                // Step 3: the buffer of subgroup s.
+                std::size_t b;
+                if (resident_of_[s] >= 0) {
+                    b = static_cast<std::size_t>(resident_of_[s]);
+                    resident_of_[s] = -1;
+                    bufs_[b].use = use_state::ready;
+                    ++stats_.served_from_resident;
+                } else {
+                    if (read_buf[p] < 0) {
+                        std::size_t fb = take_free_buffer(&stats_.write_wait_seconds);
+                        issue_read(fb, s);
+                        read_buf[p] = static_cast<std::ptrdiff_t>(fb);
+                        if (next <= p) next = p + 1;
+                    }
+                    b = static_cast<std::size_t>(read_buf[p]);
+                    wait_read(b);
+                }
+                if (opts_.gradients == gradient_path::fp32_on_tier) wait_grad_read(b, s);
+                // Step 4: compute.
+                compute(b, s, target, args, grads, copy_out);
+                // Step 5: hand the buffer on.
+                if (p + keep >= n_) {
+                    bufs_[b].use = use_state::resident;
+                    resident_of_[s] = static_cast<std::ptrdiff_t>(b);
+                } else if (bufs_[b].dirty) {
+                    issue_write(b);
+                } else {
+                    release(b);
+                }
+            }
+            // Step 7.
+            wait_all_writes(&stats_.write_wait_seconds);
+            rethrow_pending();
+        } catch (...) {
+            recover();
+            fill_children(before);
+            stats_.seconds = seconds_since(t0);
+            throw;
+        }
+        steps_ = target;
+        ++iteration_;
+        stats_.step = target;
+        stats_.result = step_result::applied;
+        fill_children(before);
+        stats_.seconds = seconds_since(t0);
+        return step_result::applied;
+    }
+
+    void compute(std::size_t b, std::size_t s, std::int64_t target, const adamw_step_args& args,
+                 std::span<const Grad> grads, std::span<ParamCopy> copy_out) {
+        auto& buf = bufs_[b];
+        const std::size_t c = subgroup_elements(s);
+        const std::size_t off = s * cfg_.subgroup_size;
+        auto f = buf.mem.template as<float>();
+        std::span<float> p = f.subspan(0, c), m = f.subspan(c, c), v = f.subspan(2 * c, c);
+        std::span<ParamCopy> out = copy_out.empty() ? std::span<ParamCopy>{} : copy_out.subspan(off, c);
+        trace::scoped_event ev(opts_.recorder, tr_compute_, "adam " + std::to_string(s), "compute");
+        auto t0 = clock::now();
+        if (buf.version == target - 1) {
+            step_result r;
+            std::span<ParamCopy> adam_out = out;
+            if constexpr (std::is_same_v<ParamCopy, float>) adam_out = {};
+            if (opts_.gradients == gradient_path::fp32_on_tier) {
+                std::span<const float> g = f.subspan(3 * c, c);
+                if constexpr (std::is_same_v<ParamCopy, float>)
+                    r = adamw_step<float>(cfg_.adam, args, p, m, v, g, std::span<float16>{}, opts_.pool);
+                else
+                    r = adamw_step<float, ParamCopy>(cfg_.adam, args, p, m, v, g, adam_out, opts_.pool);
+            } else {
+                std::span<const Grad> g = grads.subspan(off, c);
+                if constexpr (std::is_same_v<ParamCopy, float>)
+                    r = adamw_step<Grad>(cfg_.adam, args, p, m, v, g, std::span<float16>{}, opts_.pool);
+                else
+                    r = adamw_step<Grad, ParamCopy>(cfg_.adam, args, p, m, v, g, adam_out, opts_.pool);
+            }
+            (void)r;  // caller_verified: always applied
+            buf.version = target;
+            buf.dirty = true;
+            if constexpr (std::is_same_v<ParamCopy, float>)
+                if (!out.empty()) std::memcpy(out.data(), p.data(), c * sizeof(float));
+        } else if (buf.version == target) {
+            // A retried call: this subgroup was updated before the fault; only the copy.
+            if (!out.empty()) {
+                if constexpr (std::is_same_v<ParamCopy, float>) std::memcpy(out.data(), p.data(), c * sizeof(float));
+                else narrow(std::span<const float>(p), out);
+            }
+        } else {
+            throw std::logic_error("update_pipeline: subgroup " + std::to_string(s) + " holds step " +
+                                   std::to_string(buf.version) + " while step " + std::to_string(target) +
+                                   " is being applied");
+        }
+        stats_.compute_seconds += seconds_since(t0);
+    }
+
+    // Step 1: at most host_buffers - 3 resident subgroups; write out those visited last.
+    void make_room() {
+        const std::size_t bound = cfg_.host_buffers - 3;
+        auto order = next_order();
+        std::size_t count = 0;
+        for (auto r : resident_of_) count += r >= 0;
+        for (std::size_t p = n_; p-- > 0 && count > bound;) {
+            std::size_t s = order[p];
+            if (resident_of_[s] < 0) continue;
+            auto b = static_cast<std::size_t>(resident_of_[s]);
+            if (bufs_[b].dirty) write_now(b);
+            resident_of_[s] = -1;
+            release(b);
+            --count;
+        }
+    }
+
+    // ---- Buffers and I/O ------------------------------------------------------------
+
+    std::optional<std::size_t> find_free() {
+        for (std::size_t b = 0; b < bufs_.size(); ++b)
+            if (bufs_[b].use == use_state::free) return b;
+        for (std::size_t b = 0; b < bufs_.size(); ++b)
+            if (bufs_[b].use == use_state::writing && bufs_[b].op.ready()) {
+                finish_write(b);
+                if (bufs_[b].use == use_state::free) return b;
+            }
+        return std::nullopt;
+    }
+
+    // A free buffer, waiting for the oldest write when none is (the wait is added to *wait).
+    std::size_t take_free_buffer(double* wait) {
+        for (;;) {
+            if (auto b = find_free()) return *b;
+            std::ptrdiff_t oldest = -1;
+            for (std::size_t b = 0; b < bufs_.size(); ++b)
+                if (bufs_[b].use == use_state::writing &&
+                    (oldest < 0 || bufs_[b].issued < bufs_[static_cast<std::size_t>(oldest)].issued))
+                    oldest = static_cast<std::ptrdiff_t>(b);
+            if (oldest < 0) {
+                rethrow_pending();
+                throw std::logic_error("update_pipeline: no host buffer is free or being written");
+            }
+            auto t0 = clock::now();
+            finish_write(static_cast<std::size_t>(oldest));
+            if (wait) *wait += seconds_since(t0);
+            rethrow_pending();
+        }
+    }
+
+    // A buffer for a one-off read (save, read_state): a free one, or any non-resident one
+    // after the writes finish (only between calls).
+    std::size_t scratch_buffer() {
+        wait_all_writes(nullptr);
+        rethrow_pending();
+        if (auto b = find_free()) return *b;
+        // Every buffer is resident: write the last one out to borrow it.
+        for (std::size_t b = bufs_.size(); b-- > 0;) {
+            if (bufs_[b].use == use_state::resident) {
+                if (bufs_[b].dirty) write_now(b);
+                resident_of_[static_cast<std::size_t>(bufs_[b].sg)] = -1;
+                release(b);
+                return b;
+            }
+        }
+        throw std::logic_error("update_pipeline: no buffer available");
+    }
+
+    void issue_read(std::size_t b, std::size_t s) {
+        auto& buf = bufs_[b];
+        buf.sg = static_cast<std::ptrdiff_t>(s);
+        buf.version = tier_version_[s];
+        buf.dirty = false;
+        buf.use = use_state::reading;
+        buf.issued = clock::now();
+        buf.traced_end = false;
+        buf.op = tier_.read(keys_[s], buf.mem.bytes().first(blob_bytes(s)));
+        if (opts_.gradients == gradient_path::fp32_on_tier) issue_grad_read(b, s);
+    }
+
+    void issue_grad_read(std::size_t b, std::size_t s) {
+        auto& buf = bufs_[b];
+        const std::size_t c = subgroup_elements(s);
+        if (buf.gop.valid()) return;
+        buf.gop = tier_.read(grad_keys_[s], buf.mem.bytes().subspan(3 * c * sizeof(float), c * sizeof(float)));
+    }
+
+    void wait_read(std::size_t b) {
+        auto& buf = bufs_[b];
+        auto s = static_cast<std::size_t>(buf.sg);
+        auto t0 = clock::now();
+        try {
+            buf.op.wait();
+        } catch (...) {
+            stats_.read_wait_seconds += seconds_since(t0);
+            buf.use = use_state::free;  // the tier still holds the subgroup
+            buf.sg = -1;
+            rethrow_named(std::current_exception(), s, "reading");
+        }
+        stats_.read_wait_seconds += seconds_since(t0);
+        trace_io(tr_reads_, "read ", s, buf.issued, blob_bytes(s));
+        buf.use = use_state::ready;
+        ++stats_.subgroups_read;
+        stats_.bytes_read += blob_bytes(s);
+    }
+
+    void wait_grad_read(std::size_t b, std::size_t s) {
+        auto& buf = bufs_[b];
+        if (!buf.gop.valid()) issue_grad_read(b, s);
+        auto t0 = clock::now();
+        try {
+            buf.gop.wait();
+        } catch (...) {
+            stats_.read_wait_seconds += seconds_since(t0);
+            if (!buf.dirty) release(b);
+            else { buf.use = use_state::resident; resident_of_[s] = static_cast<std::ptrdiff_t>(b); }
+            rethrow_named(std::current_exception(), s, "reading the fp32 gradients of");
+        }
+        stats_.read_wait_seconds += seconds_since(t0);
+        stats_.bytes_read += sizeof(float) * subgroup_elements(s);
+    }
+
+    void issue_write(std::size_t b) {
+        auto& buf = bufs_[b];
+        auto s = static_cast<std::size_t>(buf.sg);
+        buf.use = use_state::writing;
+        buf.issued = clock::now();
+        buf.traced_end = false;
+        buf.op = tier_.write(keys_[s], buf.mem.bytes().first(blob_bytes(s)));
+    }
+
+    // Completes a writing buffer: success commits the step to the tier and frees the buffer;
+    // failure keeps the buffer (its state is the newest) as resident and records the error.
+    void finish_write(std::size_t b) {
+        auto& buf = bufs_[b];
+        auto s = static_cast<std::size_t>(buf.sg);
+        try {
+            buf.op.wait();
+        } catch (...) {
+            buf.use = use_state::resident;
+            resident_of_[s] = static_cast<std::ptrdiff_t>(b);
+            if (!pending_.error) {
+                pending_.error = std::current_exception();
+                pending_.subgroup = s;
+                pending_.what = "writing";
+            }
+            return;
+        }
+        trace_io(tr_writes_, "write ", s, buf.issued, blob_bytes(s));
+        tier_version_[s] = buf.version;
+        ++stats_.subgroups_written;
+        stats_.bytes_written += blob_bytes(s);
+        release(b);
+    }
+
+    void poll_writes() {
+        for (std::size_t b = 0; b < bufs_.size(); ++b)
+            if (bufs_[b].use == use_state::writing && bufs_[b].op.ready()) finish_write(b);
+    }
+
+    void wait_all_writes(double* wait) {
+        auto t0 = clock::now();
+        for (std::size_t b = 0; b < bufs_.size(); ++b)
+            if (bufs_[b].use == use_state::writing) finish_write(b);
+        if (wait) *wait += seconds_since(t0);
+    }
+
+    // Synchronous write of a resident buffer (make_room, flush, scratch): throws on failure,
+    // the buffer stays resident and dirty.
+    void write_now(std::size_t b) {
+        auto& buf = bufs_[b];
+        auto s = static_cast<std::size_t>(buf.sg);
+        try {
+            tier_.write(keys_[s], buf.mem.bytes().first(blob_bytes(s))).wait();
+        } catch (...) {
+            rethrow_named(std::current_exception(), s, "writing");
+        }
+        tier_version_[s] = buf.version;
+        buf.dirty = false;
+    }
+
+    void read_now(std::size_t s, std::span<std::byte> out) {
+        try {
+            tier_.read(keys_[s], out).wait();
+        } catch (...) {
+            rethrow_named(std::current_exception(), s, "reading");
+        }
+    }
+
+    void release(std::size_t b) {
+        auto& buf = bufs_[b];
+        buf.use = use_state::free;
+        buf.sg = -1;
+        buf.dirty = false;
+    }
+
+    // Waits for whatever a buffer has in flight, ignoring errors (destructor, recovery).
+    void drain(buffer& buf) noexcept {
+        try {
+            if (buf.op.valid()) buf.op.wait();
+        } catch (...) {
+        }
+        try {
+            if (buf.gop.valid()) buf.gop.wait();
+        } catch (...) {
+        }
+    }
+
+    // Step 7's error path: settle every buffer so that no newest state is dropped.
+    void recover() noexcept {
+        for (std::size_t b = 0; b < bufs_.size(); ++b) {
+            auto& buf = bufs_[b];
+            if (buf.use == use_state::writing) {
+                finish_write(b);  // success frees, failure keeps it resident
+            }
+            drain(buf);
+            if (buf.use == use_state::resident) continue;
+            if (buf.use == use_state::free) continue;
+            // reading or ready (or a resident taken for compute): keep it only if newer.
+            if (buf.dirty && buf.sg >= 0) {
+                buf.use = use_state::resident;
+                resident_of_[static_cast<std::size_t>(buf.sg)] = static_cast<std::ptrdiff_t>(b);
+            } else {
+                release(b);
+            }
+        }
+        pending_ = call_error{};
+    }
+
+    void rethrow_pending() {
+        if (pending_.error) {
+            auto e = pending_;
+            pending_ = call_error{};
+            rethrow_named(e.error, e.subgroup, e.what);
+        }
+    }
+
+    [[noreturn]] void rethrow_named(std::exception_ptr error, std::size_t s, const char* what) {
+        std::string prefix = "update_pipeline: " + std::string(what) + " subgroup " + std::to_string(s) + " (key " +
+                             spillway::quoted(keys_[s]) + ") on tier '" + std::string(tier_.name()) + "' failed: ";
+        try {
+            std::rethrow_exception(error);
+        } catch (const std::system_error& e) {
+            throw std::system_error(e.code(), prefix + e.what());
+        } catch (const std::exception& e) {
+            throw std::runtime_error(prefix + e.what());
+        }
+    }
+
+    void write_fp32_grads(std::span<const Grad> grads) {
+        // Pipelined over the free buffers (resident ones keep their state): widen into a
+        // buffer's gradient section, issue the write, reuse the oldest when none is free.
+        std::vector<io_completion> ops(bufs_.size());
+        std::vector<std::ptrdiff_t> holder(bufs_.size(), -1);
+        std::vector<std::size_t> usable;
+        for (std::size_t b = 0; b < bufs_.size(); ++b)
+            if (bufs_[b].use == use_state::free) usable.push_back(b);
+        if (usable.empty()) throw std::logic_error("update_pipeline: no free buffer for the gradient hand-over");
+        auto settle = [&](std::size_t b) {
+            if (!ops[b].valid()) return;
+            auto s = static_cast<std::size_t>(holder[b]);
+            try {
+                ops[b].wait();
+            } catch (...) {
+                for (auto& o : ops) drain_op(o);
+                rethrow_named(std::current_exception(), s, "handing over the fp32 gradients of");
+            }
+            handover_.bytes += sizeof(float) * subgroup_elements(s);
+        };
+        for (std::size_t s = 0; s < n_; ++s) {
+            std::size_t b = usable[s % usable.size()];
+            settle(b);  // the write issued len(usable) subgroups ago
+            const std::size_t c = subgroup_elements(s);
+            auto g = grads.subspan(s * cfg_.subgroup_size, c);
+            auto f = bufs_[b].mem.template as<float>().subspan(3 * c, c);
+            if constexpr (std::is_same_v<Grad, float>) std::memcpy(f.data(), g.data(), c * sizeof(float));
+            else widen(g, f);
+            holder[b] = static_cast<std::ptrdiff_t>(s);
+            ops[b] = tier_.write(grad_keys_[s], std::as_bytes(std::span<const float>(f)));
+        }
+        for (std::size_t b : usable) settle(b);
+    }
+
+    static void drain_op(io_completion& o) noexcept {
+        try {
+            if (o.valid()) o.wait();
+        } catch (...) {
+        }
+    }
+
+    double sum_squares(std::span<const Grad> grads, float grad_scale) {
+        expect_argument(std::isfinite(grad_scale) && grad_scale > 0,
+                        "update_pipeline: grad_scale must be finite and > 0, got " + std::to_string(grad_scale));
+        // Per subgroup, summed in subgroup order: the same total whatever the tier or order.
+        double total = 0;
+        for (std::size_t s = 0; s < n_; ++s)
+            total += grad_sum_squares<Grad>(grads.subspan(s * cfg_.subgroup_size, subgroup_elements(s)), grad_scale,
+                                            opts_.pool);
+        return total;
+    }
+
+    void check_grads_size(std::span<const Grad> grads) const {
+        expect_argument(grads.size() == cfg_.param_count, "update_pipeline: grads has " + std::to_string(grads.size()) +
+                                                              " elements, expected param_count " +
+                                                              std::to_string(cfg_.param_count));
+    }
+
+    std::int64_t version_of(std::size_t s) const {
+        return resident_of_[s] >= 0 ? bufs_[static_cast<std::size_t>(resident_of_[s])].version : tier_version_[s];
+    }
+
+    void erase_all() noexcept {
+        for (std::size_t s = 0; s < keys_.size(); ++s) {
+            try {
+                tier_.erase(keys_[s]);
+            } catch (...) {
+            }
+        }
+        for (auto& k : grad_keys_) {
+            try {
+                tier_.erase(k);
+            } catch (...) {
+            }
+        }
+    }
+
+    void trace_io(trace::track_id track, const char* what, std::size_t s, clock::time_point begin, std::size_t nbytes) {
+        if (!opts_.recorder || !opts_.recorder->enabled()) return;
+        opts_.recorder->complete(track, what + std::to_string(s), begin, clock::now(), "io",
+                                 {{"bytes", static_cast<double>(nbytes)}});
+    }
+
+    std::vector<child_io> child_snapshot() const {
+        std::vector<child_io> out;
+        if constexpr (tier_with_children<Tier>) {
+            for (const auto& c : tier_.report())
+                out.push_back({std::string(c.name), c.moved.bytes_read, c.moved.bytes_written});
+        } else {
+            auto st = tier_.stats();
+            out.push_back({std::string(tier_.name()), st.bytes_read, st.bytes_written});
+        }
+        return out;
+    }
+    void fill_children(const std::vector<child_io>& before) {
+        auto after = child_snapshot();
+        for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
+            after[i].bytes_read -= before[i].bytes_read;
+            after[i].bytes_written -= before[i].bytes_written;
+        }
+        stats_.children = std::move(after);
+    }
+
+    static std::string file_name(std::size_t s) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "subgroup-%06zu.bin", s);
+        return buf;
+    }
+    static double seconds_since(clock::time_point t0) {
+        return std::chrono::duration<double>(clock::now() - t0).count();
+    }
+
+    Tier& tier_;
+    pipeline_config cfg_;
+    pipeline_options opts_;
+    std::size_t n_ = 0;
+    std::vector<std::string> keys_;
+    std::vector<std::string> grad_keys_;
+    std::vector<buffer> bufs_;
+    std::vector<std::int64_t> tier_version_;    // step held on the tier, per subgroup
+    std::vector<std::ptrdiff_t> resident_of_;   // buffer holding the subgroup between calls, or -1
+    std::int64_t steps_ = 0;
+    std::uint64_t iteration_ = 0;                // successful update calls (the order's parity)
+    handover_state handover_;
+    update_stats stats_;
+    call_error pending_;
+    trace::track_id tr_reads_ = 0, tr_compute_ = 0, tr_writes_ = 0;
+};
+
+}  // namespace spillway

@@ -1,0 +1,643 @@
+// The update pipeline: bit-identical to the in-memory AdamW step for every order, resident
+// set, gradient type, gradient path and tier (host, file, virtual over two files); I/O
+// exactly as the theory says; faults that lose nothing; save and restore.
+#include <doctest/doctest.h>
+
+#include <spillway/optim/update_pipeline.hpp>
+#include <spillway/tier/faulty_tier.hpp>
+#include <spillway/tier/file_tier.hpp>
+#include <spillway/tier/host_tier.hpp>
+#include <spillway/tier/virtual_tier.hpp>
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "support/temp_dir.hpp"
+
+using namespace spillway;
+
+namespace {
+
+constexpr std::size_t subgroup = 128;
+constexpr std::size_t params_total = 8 * subgroup + 37;  // 9 subgroups, the last one short
+
+template <class T>
+T from_f(float x) {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return from_float<T>(x);
+}
+
+/// Gradients of step k: normal values times `scale` (the loss scale), deterministic.
+template <class Grad>
+std::vector<Grad> make_grads(std::size_t n, std::uint64_t seed, float scale, bool with_inf = false) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> d(0.0f, 0.5f);
+    std::vector<Grad> g(n);
+    for (auto& x : g) x = from_f<Grad>(d(rng) * scale);
+    if (with_inf) g[n / 2] = from_f<Grad>(std::numeric_limits<float>::infinity());
+    return g;
+}
+
+std::vector<float> make_params(std::size_t n, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    std::vector<float> p(n);
+    for (auto& x : p) x = d(rng);
+    return p;
+}
+
+template <class T>
+bool bits_equal(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+adamw_config test_adam() { return adamw_config{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.01f}; }
+
+/// The plain in-memory AdamW over the whole arrays: the reference.
+template <class Grad, class Copy>
+struct reference {
+    std::vector<float> p, m, v;
+    std::vector<Copy> copy;
+    std::int64_t steps = 0;
+    double max_norm;
+    explicit reference(std::vector<float> init, double max_grad_norm)
+        : p(std::move(init)), m(p.size(), 0.0f), v(p.size(), 0.0f), copy(p.size()), max_norm(max_grad_norm) {}
+    step_result step(const std::vector<Grad>& g, float scale) {
+        double total = 0;
+        for (std::size_t s = 0; s * subgroup < p.size(); ++s) {
+            std::size_t c = std::min(subgroup, p.size() - s * subgroup);
+            total += grad_sum_squares<Grad>(std::span<const Grad>(g).subspan(s * subgroup, c), scale);
+        }
+        if (!std::isfinite(total)) return step_result::skipped_overflow;
+        float clip = max_norm > 0 ? clip_coefficient(total, max_norm) : 1.0f;
+        adamw_step_args args{.step = steps + 1, .grad_scale = scale, .clip_coef = clip};
+        step_result r;
+        if constexpr (std::is_same_v<Copy, float>) {
+            r = adamw_step<Grad>(test_adam(), args, p, m, v, std::span<const Grad>(g));
+            copy = p;
+        } else {
+            r = adamw_step<Grad, Copy>(test_adam(), args, p, m, v, std::span<const Grad>(g), std::span<Copy>(copy));
+        }
+        if (r == step_result::applied) ++steps;
+        return r;
+    }
+};
+
+/// Checks a pipeline's full state against the reference, bit for bit.
+template <class P, class R>
+void check_state(P& pipe, const R& ref) {
+    for (std::size_t s = 0; s < pipe.subgroup_count(); ++s) {
+        std::size_t c = pipe.subgroup_elements(s);
+        std::vector<float> p(c), m(c), v(c);
+        pipe.read_state(s, p, m, v);
+        bool ok = std::memcmp(p.data(), ref.p.data() + s * subgroup, c * 4) == 0 &&
+                  std::memcmp(m.data(), ref.m.data() + s * subgroup, c * 4) == 0 &&
+                  std::memcmp(v.data(), ref.v.data() + s * subgroup, c * 4) == 0;
+        CHECK_MESSAGE(ok, "subgroup " << s << " differs from the reference");
+    }
+}
+
+enum class tier_kind { host, file, virtual_two_files };
+const char* kind_name(tier_kind k) {
+    return k == tier_kind::host ? "host" : k == tier_kind::file ? "file" : "virtual(file,file)";
+}
+
+using two_file_tier = virtual_tier<null_lock, file_tier<>, file_tier<>>;
+
+/// Owns one tier of the given kind (and its directories).
+struct tier_box {
+    std::unique_ptr<test::temp_dir> d1, d2;
+    std::unique_ptr<host_tier> host;
+    std::unique_ptr<file_tier<>> file;
+    std::unique_ptr<two_file_tier> vt;
+    explicit tier_box(tier_kind k) {
+        if (k == tier_kind::host) host = std::make_unique<host_tier>();
+        if (k == tier_kind::file) {
+            d1 = std::make_unique<test::temp_dir>("pipe-file");
+            file = std::make_unique<file_tier<>>(d1->path());
+        }
+        if (k == tier_kind::virtual_two_files) {
+            d1 = std::make_unique<test::temp_dir>("pipe-vt-a");
+            d2 = std::make_unique<test::temp_dir>("pipe-vt-b");
+            virtual_tier_options o;
+            o.bandwidths = {2.0, 1.0};
+            vt = std::make_unique<two_file_tier>(o, child_args(d1->path()), child_args(d2->path()));
+        }
+    }
+    template <class Fn>
+    void visit(Fn&& fn) {
+        if (host) fn(*host);
+        else if (file) fn(*file);
+        else fn(*vt);
+    }
+};
+
+template <class Grad, class Copy, class Tier>
+void run_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path, const char* what) {
+    CAPTURE(what);
+    CAPTURE(buffers);
+    CAPTURE(static_cast<int>(order));
+    CAPTURE(static_cast<int>(path));
+    auto init = make_params(params_total, 11);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
+                        .adam = test_adam(), .max_grad_norm = 2.0};
+    pipeline_options opt;
+    opt.order = order;
+    opt.resident = buffers > 3 ? resident_policy::keep_last_updated : resident_policy::none;
+    opt.gradients = path;
+    update_pipeline<Tier, Grad, Copy> pipe(tier, cfg, init, opt);
+    reference<Grad, Copy> ref(init, 2.0);
+    std::vector<Copy> copy(params_total);
+    constexpr int steps = 5;
+    const float scale = std::is_same_v<Grad, float16> ? 256.0f : 1.0f;
+    for (int k = 0; k < steps; ++k) {
+        bool overflow = k == 2;  // one skipped step in the middle
+        auto g = make_grads<Grad>(params_total, 100 + static_cast<unsigned>(k), scale, overflow);
+        auto copy_before = copy;
+        auto written_before = tier.stats().bytes_written;
+        auto r = pipe.update(g, copy, update_args{.grad_scale = scale});
+        auto rr = ref.step(g, scale);
+        REQUIRE(r == rr);
+        if (r == step_result::skipped_overflow) {
+            CHECK(bits_equal(copy, copy_before));
+            CHECK(tier.stats().bytes_written == written_before);
+            CHECK(pipe.last_stats().subgroups_read == 0);
+        } else {
+            CHECK_MESSAGE(bits_equal(copy, ref.copy), "compute copy differs after step " << k);
+        }
+    }
+    CHECK(pipe.steps() == ref.steps);
+    check_state(pipe, ref);
+}
+
+template <class Grad, class Copy>
+void equivalence_over_tiers() {
+    for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
+        tier_box box(kind);
+        box.visit([&](auto& tier) {
+            for (auto order : {subgroup_order::alternating, subgroup_order::ascending})
+                for (std::size_t buffers : {3u, 4u, 6u, 14u})
+                    run_equivalence<Grad, Copy>(tier, order, buffers, gradient_path::lazy_widening, kind_name(kind));
+            // The DeepSpeed-like baseline and a mixed one.
+            run_equivalence<Grad, Copy>(tier, subgroup_order::ascending, 3, gradient_path::fp32_on_tier, kind_name(kind));
+            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 5, gradient_path::fp32_on_tier, kind_name(kind));
+            CHECK_MESSAGE(tier.used() == 0, "pipelines left blobs on " << kind_name(kind));
+        });
+    }
+}
+
+}  // namespace
+
+TEST_CASE("bit-identical to the in-memory AdamW: fp16 gradients, fp16 copy") { equivalence_over_tiers<float16, float16>(); }
+TEST_CASE("bit-identical to the in-memory AdamW: bf16 gradients, bf16 copy") { equivalence_over_tiers<bfloat16, bfloat16>(); }
+TEST_CASE("bit-identical to the in-memory AdamW: fp32 gradients, fp32 copy") { equivalence_over_tiers<float, float>(); }
+TEST_CASE("bit-identical to the in-memory AdamW: fp16 gradients, bf16 copy") {
+    host_tier tier;
+    run_equivalence<float16, bfloat16>(tier, subgroup_order::alternating, 5, gradient_path::lazy_widening, "host");
+}
+
+TEST_CASE("with R resident buffers every call after the first reads and writes R subgroups fewer") {
+    const std::size_t n = 10;
+    const std::size_t count = n * subgroup;
+    auto init = make_params(count, 3);
+    for (auto order : {subgroup_order::alternating, subgroup_order::ascending}) {
+        for (std::size_t buffers : {3u, 4u, 5u, 8u, 13u, 14u}) {
+            CAPTURE(buffers);
+            CAPTURE(static_cast<int>(order));
+            host_tier tier;
+            pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers, .adam = test_adam()};
+            pipeline_options opt;
+            opt.order = order;
+            update_pipeline<host_tier, bfloat16> pipe(tier, cfg, init, opt);
+            const std::size_t r = std::min(buffers - 3, n);
+            CHECK(pipe.resident_capacity() == r);
+            const std::uint64_t blob = 12 * subgroup;
+            std::vector<bfloat16> copy(count);
+            for (int k = 0; k < 4; ++k) {
+                auto g = make_grads<bfloat16>(count, 7 + static_cast<unsigned>(k), 1.0f);
+                auto before = tier.stats();
+                REQUIRE(pipe.update(g, copy) == step_result::applied);
+                auto after = tier.stats();
+                const auto& st = pipe.last_stats();
+                std::size_t reads = k == 0 ? n : n - r;
+                CHECK(st.subgroups_read == reads);
+                CHECK(st.subgroups_written == n - r);
+                CHECK(st.served_from_resident == (k == 0 ? 0 : r));
+                CHECK(st.bytes_read == reads * blob);
+                CHECK(st.bytes_written == (n - r) * blob);
+                // Through the tier's own counters, and the per-child view.
+                CHECK(after.bytes_read - before.bytes_read == reads * blob);
+                CHECK(after.bytes_written - before.bytes_written == (n - r) * blob);
+                REQUIRE(st.children.size() == 1);
+                CHECK(st.children[0].bytes_read == reads * blob);
+                CHECK(st.children[0].bytes_written == (n - r) * blob);
+                CHECK(pipe.resident_subgroups().size() == r);
+                CHECK(st.read_wait_seconds >= 0);
+                CHECK(st.compute_seconds > 0);
+                CHECK(st.seconds >= st.compute_seconds);
+            }
+            if (order == subgroup_order::alternating && r > 0 && r < n) {
+                // The resident ones are exactly the first ones of the next order.
+                auto next = pipe.next_order();
+                auto res = pipe.resident_subgroups();
+                std::vector<std::size_t> first(next.begin(), next.begin() + static_cast<std::ptrdiff_t>(r));
+                std::sort(first.begin(), first.end());
+                CHECK(first == res);
+            }
+        }
+    }
+}
+
+TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") {
+    test::temp_dir a("pipe-child-a"), b("pipe-child-b");
+    virtual_tier_options o;
+    o.bandwidths = {2.0, 1.0};
+    two_file_tier vt(o, child_args(a.path()), child_args(b.path()));
+    const std::size_t count = 12 * subgroup;
+    auto init = make_params(count, 9);
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
+    update_pipeline<two_file_tier, float16> pipe(vt, cfg, init);
+    std::vector<float16> copy(count);
+    for (int k = 0; k < 3; ++k) {
+        auto g = make_grads<float16>(count, 50 + static_cast<unsigned>(k), 1.0f);
+        REQUIRE(pipe.update(g, copy) == step_result::applied);
+        const auto& st = pipe.last_stats();
+        REQUIRE(st.children.size() == 2);
+        CHECK(st.children[0].bytes_read + st.children[1].bytes_read == st.bytes_read);
+        CHECK(st.children[0].bytes_written + st.children[1].bytes_written == st.bytes_written);
+        CHECK(st.children[0].bytes_read > 0);
+        CHECK(st.children[1].bytes_read > 0);
+    }
+}
+
+TEST_CASE("a failing tier names the subgroup, loses nothing, and a retry equals a clean run") {
+    const std::size_t count = params_total;
+    auto init = make_params(count, 21);
+    auto grads_of = [&](int k) { return make_grads<float16>(count, 300 + static_cast<unsigned>(k), 1.0f); };
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam(),
+                        .max_grad_norm = 1.0};
+
+    SUBCASE("the failing subgroup is named") {
+        faulty_tier<host_tier> tier;
+        pipeline_options opt;
+        opt.order = subgroup_order::ascending;
+        opt.resident = resident_policy::none;
+        update_pipeline<faulty_tier<host_tier>, float16> pipe(tier, cfg, init, opt);
+        std::vector<float16> copy(count);
+        tier.fail_nth(fault_op::write, 3, EIO);  // host tier: writes go 0, 1, 2, ...
+        try {
+            pipe.update(grads_of(0), copy);
+            FAIL("the update succeeded over a failing write");
+        } catch (const std::system_error& e) {
+            CHECK(e.code().value() == EIO);
+            std::string msg = e.what();
+            CHECK(msg.find("subgroup 2 ") != std::string::npos);
+            CHECK(msg.find("'optim-2'") != std::string::npos);
+            CHECK(msg.find("writing") != std::string::npos);
+        }
+        tier.clear_faults();
+        tier.fail_nth(fault_op::read, 5, ENODEV);
+        try {
+            pipe.update(grads_of(0), copy);
+            FAIL("the update succeeded over a failing read");
+        } catch (const std::system_error& e) {
+            CHECK(e.code().value() == ENODEV);
+            std::string msg = e.what();
+            CHECK(msg.find("reading subgroup ") != std::string::npos);
+            CHECK(msg.find("'optim-") != std::string::npos);
+        }
+    }
+
+    SUBCASE("every fault position, reads and writes, then a retry") {
+        for (auto op : {fault_op::read, fault_op::write}) {
+            for (std::uint64_t nth = 1; nth <= 12; ++nth) {
+                for (auto order : {subgroup_order::alternating, subgroup_order::ascending}) {
+                    CAPTURE(nth);
+                    CAPTURE(static_cast<int>(op));
+                    faulty_tier<host_tier> tier;
+                    pipeline_options opt;
+                    opt.order = order;
+                    update_pipeline<faulty_tier<host_tier>, float16> pipe(tier, cfg, init, opt);
+                    reference<float16, float16> ref(init, 1.0);
+                    std::vector<float16> copy(count);
+                    for (int k = 0; k < 4; ++k) {
+                        auto g = grads_of(k);
+                        if (k == 1) tier.fail_nth(op, nth, EIO);
+                        bool failed = false;
+                        try {
+                            pipe.update(g, copy);
+                        } catch (const std::system_error& e) {
+                            failed = true;
+                            CHECK(std::string(e.what()).find("subgroup") != std::string::npos);
+                        }
+                        if (failed) {
+                            tier.clear_faults();
+                            CHECK(pipe.steps() == ref.steps);  // the step did not count
+                            REQUIRE(pipe.update(g, copy) == step_result::applied);
+                        }
+                        ref.step(g, 1.0f);
+                        CHECK(bits_equal(copy, ref.copy));
+                    }
+                    check_state(pipe, ref);
+                }
+            }
+        }
+    }
+
+    SUBCASE("a dead path during the update keeps every updated subgroup in memory") {
+        faulty_tier<host_tier> tier;
+        pipeline_config big = cfg;
+        big.host_buffers = 12;  // more buffers than subgroups: writes fail, states stay
+        pipeline_options opt;
+        opt.resident = resident_policy::none;
+        update_pipeline<faulty_tier<host_tier>, float16> pipe(tier, big, init, opt);
+        reference<float16, float16> ref(init, 1.0);
+        std::vector<float16> copy(count);
+        auto g0 = grads_of(0);
+        tier.fail_always(fault_op::write, EIO);
+        CHECK_THROWS_AS(pipe.update(g0, copy), std::system_error);
+        CHECK_FALSE(pipe.resident_subgroups().empty());  // updated but unwritten: kept
+        CHECK_THROWS_AS(pipe.save("unused"), std::logic_error);  // mixed steps refuse to save
+        tier.clear_faults();
+        REQUIRE(pipe.update(g0, copy) == step_result::applied);
+        ref.step(g0, 1.0f);
+        CHECK(bits_equal(copy, ref.copy));
+        auto g1 = grads_of(1);
+        REQUIRE(pipe.update(g1, copy) == step_result::applied);
+        ref.step(g1, 1.0f);
+        CHECK(bits_equal(copy, ref.copy));
+        check_state(pipe, ref);
+    }
+
+    SUBCASE("faults in the fp32 gradient hand-over") {
+        faulty_tier<host_tier> tier;
+        pipeline_options opt;
+        opt.gradients = gradient_path::fp32_on_tier;
+        opt.order = subgroup_order::ascending;
+        opt.resident = resident_policy::none;
+        update_pipeline<faulty_tier<host_tier>, float16> pipe(tier, cfg, init, opt);
+        reference<float16, float16> ref(init, 1.0);
+        std::vector<float16> copy(count);
+        auto g = grads_of(0);
+        tier.fail_nth(fault_op::write, 2, EIO);
+        try {
+            pipe.hand_over_gradients(g);
+            FAIL("hand-over succeeded over a failing write");
+        } catch (const std::system_error& e) {
+            CHECK(std::string(e.what()).find("fp32 gradients of subgroup 1 ") != std::string::npos);
+        }
+        CHECK_THROWS_AS(pipe.update(copy), std::invalid_argument);  // nothing handed over
+        tier.clear_faults();
+        pipe.hand_over_gradients(g);
+        REQUIRE(pipe.update(copy) == step_result::applied);
+        ref.step(g, 1.0f);
+        CHECK(bits_equal(copy, ref.copy));
+        CHECK(pipe.last_stats().handover_seconds > 0);
+        CHECK(pipe.last_stats().handover_bytes_written == 4 * count);
+    }
+}
+
+TEST_CASE("save and restore round trip, over different tiers and buffers") {
+    test::temp_dir root("pipe-save");
+    const auto dir = root.path() / "ckpt";
+    const std::size_t count = params_total;
+    auto init = make_params(count, 31);
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 6, .adam = test_adam()};
+    host_tier tier_a;
+    update_pipeline<host_tier, bfloat16> a(tier_a, cfg, init);
+    std::vector<bfloat16> copy_a(count), copy_b(count);
+    for (int k = 0; k < 3; ++k) a.update(make_grads<bfloat16>(count, 500 + static_cast<unsigned>(k), 1.0f), copy_a);
+    a.save(dir);
+    // Every file is 0600 and listed in the manifest; no temporary directory is left.
+    std::size_t files = 0;
+    for (auto& e : std::filesystem::directory_iterator(dir)) {
+        struct stat st {};
+        REQUIRE(::stat(e.path().c_str(), &st) == 0);
+        CHECK((st.st_mode & 0777) == 0600);
+        ++files;
+    }
+    CHECK(files == a.subgroup_count() + 1);
+    for (auto& e : std::filesystem::directory_iterator(root.path())) CHECK(e.path().filename() == "ckpt");
+
+    test::temp_dir files_b("pipe-restore");
+    file_tier<> tier_b(files_b.path());
+    pipeline_config cfg_b = cfg;
+    cfg_b.host_buffers = 3;
+    auto b = update_pipeline<file_tier<>, bfloat16>::restore(dir, tier_b, cfg_b);
+    CHECK(b.steps() == a.steps());
+    CHECK(b.next_order().walk() == a.next_order().walk());
+    for (int k = 3; k < 6; ++k) {
+        auto g = make_grads<bfloat16>(count, 500 + static_cast<unsigned>(k), 1.0f);
+        a.update(g, copy_a);
+        b.update(g, copy_b);
+        CHECK(bits_equal(copy_a, copy_b));
+    }
+    std::vector<float> pa(count), pb(count);
+    a.read_params(pa);
+    b.read_params(pb);
+    CHECK(bits_equal(pa, pb));
+
+    // Saving again replaces the previous save atomically.
+    a.save(dir);
+    host_tier tier_c;
+    auto c = update_pipeline<host_tier, bfloat16>::restore(dir, tier_c, cfg);
+    CHECK(c.steps() == a.steps());
+
+    // A config of another shape is refused, naming the field.
+    pipeline_config wrong = cfg;
+    wrong.subgroup_size = 64;
+    host_tier t2;
+    try {
+        auto d = update_pipeline<host_tier, bfloat16>::restore(dir, t2, wrong);
+        FAIL("restored into a different shape");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("subgroup_size") != std::string::npos);
+    }
+    CHECK(t2.used() == 0);
+}
+
+TEST_CASE("a save that fails part-way keeps the previous good save") {
+    test::temp_dir root("pipe-crash");
+    const auto dir = root.path() / "ckpt";
+    auto init = make_params(params_total, 41);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 3, .adam = test_adam()};
+    faulty_tier<host_tier> tier;
+    pipeline_options opt;
+    opt.resident = resident_policy::none;
+    update_pipeline<faulty_tier<host_tier>, float16> pipe(tier, cfg, init, opt);
+    std::vector<float16> copy(params_total);
+    pipe.update(make_grads<float16>(params_total, 1, 1.0f), copy);
+    pipe.save(dir);
+    std::vector<float> saved(params_total);
+    pipe.read_params(saved);
+    pipe.update(make_grads<float16>(params_total, 2, 1.0f), copy);
+    tier.fail_nth(fault_op::read, 4, EIO);  // the save dies while reading subgroup 3
+    CHECK_THROWS_AS(pipe.save(dir), std::system_error);
+    tier.clear_faults();
+    for (auto& e : std::filesystem::directory_iterator(root.path())) CHECK(e.path().filename() == "ckpt");
+    host_tier other;
+    auto back = update_pipeline<host_tier, float16>::restore(dir, other, cfg);
+    CHECK(back.steps() == 1);
+    std::vector<float> restored(params_total);
+    back.read_params(restored);
+    CHECK(bits_equal(saved, restored));
+    // A directory that is not a save is never replaced.
+    auto foreign = root.path() / "foreign";
+    std::filesystem::create_directory(foreign);
+    std::ofstream(foreign / "data.txt") << "precious";
+    CHECK_THROWS_AS(pipe.save(foreign), std::invalid_argument);
+    CHECK(std::filesystem::exists(foreign / "data.txt"));
+}
+
+TEST_CASE("a corrupted or truncated save is refused, naming the subgroup") {
+    test::temp_dir root("pipe-corrupt");
+    const auto dir = root.path() / "ckpt";
+    auto init = make_params(params_total, 51);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()};
+    {
+        host_tier tier;
+        update_pipeline<host_tier, float16> pipe(tier, cfg, init);
+        std::vector<float16> copy(params_total);
+        pipe.update(make_grads<float16>(params_total, 1, 1.0f), copy);
+        pipe.save(dir);
+    }
+    auto file = [&](int s) {
+        char name[32];
+        std::snprintf(name, sizeof name, "subgroup-%06d.bin", s);
+        return dir / name;
+    };
+    auto expect_refused = [&](const std::string& needle) {
+        host_tier tier;
+        try {
+            auto p = update_pipeline<host_tier, float16>::restore(dir, tier, cfg);
+            FAIL("a damaged save was restored");
+        } catch (const std::runtime_error& e) {
+            CHECK_MESSAGE(std::string(e.what()).find(needle) != std::string::npos, e.what());
+        }
+        CHECK(tier.used() == 0);  // nothing left behind
+    };
+    // Flip one bit in subgroup 3.
+    {
+        std::fstream f(file(3), std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(100);
+        char c = 0;
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x10);
+        f.seekp(100);
+        f.write(&c, 1);
+    }
+    expect_refused("subgroup 3 is corrupted");
+    // Repair by flipping back, then truncate subgroup 5.
+    {
+        std::fstream f(file(3), std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(100);
+        char c = 0;
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x10);
+        f.seekp(100);
+        f.write(&c, 1);
+    }
+    {
+        host_tier ok;
+        CHECK_NOTHROW(update_pipeline<host_tier, float16>::restore(dir, ok, cfg));
+    }
+    std::filesystem::resize_file(file(5), 1000);
+    expect_refused("subgroup 5 is truncated");
+    std::filesystem::remove(file(5));
+    try {
+        host_tier tier;
+        auto p = update_pipeline<host_tier, float16>::restore(dir, tier, cfg);
+        FAIL("a save with a missing file was restored");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == ENOENT);
+        CHECK(std::string(e.what()).find("subgroup 5") != std::string::npos);
+    }
+}
+
+TEST_CASE("crc32c: known value, and the hardware and table paths agree") {
+    const char* s = "123456789";
+    CHECK(detail::crc32c(std::as_bytes(std::span(s, 9))) == 0xe3069283u);
+    CHECK(detail::crc32c_portable(std::as_bytes(std::span(s, 9))) == 0xe3069283u);
+    std::mt19937 rng(1);
+    for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 63u, 4096u, 10001u}) {
+        std::vector<std::byte> b(n);
+        for (auto& x : b) x = static_cast<std::byte>(rng());
+        CHECK(detail::crc32c(b) == detail::crc32c_portable(b));
+        // Incremental equals one-shot.
+        auto half = n / 2;
+        CHECK(detail::crc32c(std::span(b).subspan(half), detail::crc32c(std::span(b).first(half))) == detail::crc32c(b));
+    }
+    if (!detail::crc32c_hardware()) MESSAGE("no SSE4.2: only the table path was exercised");
+}
+
+TEST_CASE("the trace has one track each for reads, compute and writes") {
+    trace::recorder rec;
+    host_tier tier;
+    auto init = make_params(params_total, 61);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()};
+    pipeline_options opt;
+    opt.recorder = &rec;
+    update_pipeline<host_tier, float16> pipe(tier, cfg, init, opt);
+    rec.clear();
+    std::vector<float16> copy(params_total);
+    pipe.update(make_grads<float16>(params_total, 1, 1.0f), copy);
+    auto tracks = rec.tracks();
+    std::map<std::string, std::size_t> per;
+    for (auto& e : rec.events()) per[tracks.at(e.track)]++;
+    CHECK(per["reads"] == pipe.last_stats().subgroups_read);
+    CHECK(per["writes"] == pipe.last_stats().subgroups_written);
+    CHECK(per["compute"] == pipe.subgroup_count());
+    CHECK(rec.json().find("\"adam 0\"") != std::string::npos);
+}
+
+TEST_CASE("bad configurations and arguments are refused up front") {
+    host_tier tier;
+    auto init = make_params(params_total, 1);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 2, .adam = test_adam()};
+    auto expect_invalid = [&](pipeline_config c, pipeline_options o, const std::string& needle) {
+        try {
+            update_pipeline<host_tier, float16> p(tier, c, init, o);
+            FAIL("accepted");
+        } catch (const std::invalid_argument& e) {
+            CHECK_MESSAGE(std::string(e.what()).find(needle) != std::string::npos, e.what());
+        }
+    };
+    expect_invalid(cfg, {}, "host_buffers");
+    cfg.host_buffers = 3;
+    auto c2 = cfg;
+    c2.subgroup_size = 0;
+    expect_invalid(c2, {}, "subgroup_size");
+    c2 = cfg;
+    c2.adam.lr = -1;
+    expect_invalid(c2, {}, "lr");
+    c2 = cfg;
+    c2.max_grad_norm = -1;
+    expect_invalid(c2, {}, "max_grad_norm");
+    pipeline_options o;
+    o.key_prefix = "../escape";
+    expect_invalid(cfg, o, "key_prefix");
+    c2 = cfg;
+    c2.param_count = params_total + 1;
+    expect_invalid(c2, {}, "initial_params");
+    CHECK(tier.used() == 0);
+
+    update_pipeline<host_tier, float16> p(tier, cfg, init);
+    std::vector<float16> copy(params_total), short_copy(10);
+    auto g = make_grads<float16>(params_total, 1, 1.0f);
+    CHECK_THROWS_AS(p.update(std::span<const float16>(g).first(10), copy), std::invalid_argument);
+    CHECK_THROWS_AS(p.update(g, short_copy), std::invalid_argument);
+    CHECK_THROWS_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}), std::invalid_argument);
+    CHECK_THROWS_AS(p.hand_over_gradients(g), std::invalid_argument);  // lazy path
+    // A second pipeline with the same keys on the same tier is refused.
+    CHECK_THROWS_AS((update_pipeline<host_tier, float16>(tier, cfg, init)), std::invalid_argument);
+    CHECK(p.update(g, {}) == step_result::applied);  // no compute copy is fine
+}
