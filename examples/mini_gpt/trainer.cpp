@@ -286,7 +286,8 @@ private:
     std::filesystem::path path_;
 };
 
-/// Row-major batch k of the token stream: inputs and targets (B,T).
+}  // namespace
+
 void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B, int T, int row0, int rows,
                 std::vector<int>& inputs, std::vector<int>& targets) {
     std::size_t BT = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
@@ -301,8 +302,6 @@ void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B,
         targets[i] = tokens[start + i + 1];
     }
 }
-
-}  // namespace
 
 std::vector<float> train(const options& opt, std::ostream& out) {
     // 1. Threads: ours for every kernel; OpenBLAS single-threaded inside each slice.

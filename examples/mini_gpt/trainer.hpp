@@ -59,6 +59,12 @@ options parse_options(const std::vector<std::string>& args);
 /// The --help text.
 std::string usage_text();
 
+/// Batch k of a token stream for global batch B and sequence T: of the B*T+1 tokens starting
+/// at token (k mod K)*B*T (K = (tokens-1)/(B*T) whole batches), inputs are the first B*T and
+/// targets the same shifted by one, both (B,T) row-major; rows [row0, row0+rows) are filled.
+void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B, int T, int row0, int rows,
+                std::vector<int>& inputs, std::vector<int>& targets);
+
 /// Runs training; progress to `out`. Throws input_error (bad input) or other exceptions.
 /// Returns the per-step losses (of this process's steps, resumed or not).
 std::vector<float> train(const options& opt, std::ostream& out);

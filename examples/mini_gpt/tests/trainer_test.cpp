@@ -1,0 +1,196 @@
+// The trainer through its API: every --offload mode gives the same bits, save/resume is
+// exact, the loss falls, batches are taken as llm.c takes them.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "corpus.hpp"
+#include "llmc_format.hpp"
+#include "support/temp_dir.hpp"
+#include "trainer.hpp"
+
+using namespace mini_gpt;
+
+namespace {
+
+options tiny(const std::filesystem::path& scratch) {
+    options o;
+    o.layers = 2;
+    o.channels = 32;
+    o.heads = 4;
+    o.max_seq = 16;
+    o.seq = 16;
+    o.batch = 4;
+    o.steps = 4;
+    o.lr = 1e-3f;
+    o.threads = 2;
+    o.quiet = true;
+    o.corpus_bytes = 1 << 14;
+    o.subgroup = 5000;  // several subgroups (the tiny model has ~30k params)
+    o.paths = {scratch / "p1", scratch / "p2"};
+    return o;
+}
+
+std::vector<float> run(const options& o) {
+    std::ostringstream out;
+    return train(o, out);
+}
+
+std::vector<char> file_bytes(const std::filesystem::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+const char* mode_name(offload_mode m) {
+    switch (m) {
+        case offload_mode::none: return "none";
+        case offload_mode::optimizer: return "optimizer";
+        case offload_mode::activations: return "activations";
+        case offload_mode::all: return "all";
+    }
+    return "?";
+}
+
+}  // namespace
+
+TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
+    spillway::test::temp_dir dir("mini_gpt");
+    for (grad_dtype g : {grad_dtype::fp32, grad_dtype::bf16, grad_dtype::fp16}) {
+        std::vector<float> ref_losses;
+        std::vector<char> ref_model;
+        for (offload_mode m : {offload_mode::none, offload_mode::optimizer, offload_mode::activations,
+                               offload_mode::all}) {
+            options o = tiny(dir.path());
+            o.grads = g;
+            o.offload = m;
+            o.save_model = dir.path() / "model.bin";
+            auto losses = run(o);
+            auto model = file_bytes(o.save_model);
+            INFO("grad dtype " << static_cast<int>(g) << ", offload " << mode_name(m));
+            REQUIRE(losses.size() == 4);
+            if (m == offload_mode::none) {
+                ref_losses = losses;
+                ref_model = model;
+                CHECK(losses.back() < losses.front());
+            } else {
+                CHECK(losses == ref_losses);
+                CHECK(model == ref_model);
+            }
+        }
+    }
+    // The offloading back ends cleaned up their files.
+    for (const char* p : {"p1", "p2"}) {
+        auto d = dir.path() / p;
+        std::size_t left = 0;
+        if (std::filesystem::exists(d))
+            for (auto it = std::filesystem::recursive_directory_iterator(d); it != std::filesystem::recursive_directory_iterator(); ++it)
+                if (it->is_regular_file()) ++left;
+        CHECK(left == 0);
+    }
+}
+
+TEST_CASE("grad dtypes differ from each other (the narrowing is real)") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.steps = 3;
+    auto a = run(o);
+    o.grads = grad_dtype::bf16;
+    auto b = run(o);
+    CHECK(a[0] == b[0]);  // the first forward precedes any update
+    CHECK(a[2] != b[2]);
+}
+
+TEST_CASE("save and resume continue with exactly the uninterrupted losses") {
+    for (offload_mode m : {offload_mode::none, offload_mode::all}) {
+        for (grad_dtype g : {grad_dtype::fp32, grad_dtype::fp16}) {
+            INFO("offload " << mode_name(m) << ", grad dtype " << static_cast<int>(g));
+            spillway::test::temp_dir dir("mini_gpt");
+            options o = tiny(dir.path());
+            o.offload = m;
+            o.grads = g;
+            o.steps = 6;
+            o.save_model = dir.path() / "straight.bin";
+            auto straight = run(o);
+
+            options first = o;
+            first.steps = 4;
+            first.save_dir = dir.path() / "saves";
+            first.save_every = 2;
+            first.save_model.clear();
+            auto part1 = run(first);
+            CHECK(std::filesystem::exists(dir.path() / "saves" / "step-00000004"));
+            CHECK_FALSE(std::filesystem::exists(dir.path() / "saves" / "step-00000002"));  // older saves pruned
+
+            options second = o;
+            second.resume_dir = dir.path() / "saves";
+            second.save_model = dir.path() / "resumed.bin";
+            auto part2 = run(second);
+            REQUIRE(part2.size() == 2);
+            CHECK(std::vector<float>(straight.begin(), straight.begin() + 4) == part1);
+            CHECK(part2[0] == straight[4]);
+            CHECK(part2[1] == straight[5]);
+            CHECK(file_bytes(dir.path() / "straight.bin") == file_bytes(dir.path() / "resumed.bin"));
+        }
+    }
+}
+
+TEST_CASE("the loss falls on the built-in corpus and starts near ln(256)") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.steps = 40;
+    o.lr = 3e-3f;
+    auto losses = run(o);
+    CHECK(std::abs(losses.front() - std::log(256.0f)) < 0.1f);
+    float tail = (losses[37] + losses[38] + losses[39]) / 3;
+    MESSAGE("loss " << losses.front() << " -> " << tail);
+    CHECK(tail < losses.front() - 1.5f);
+}
+
+TEST_CASE("batch k starts at token k*B*T, targets are shifted by one, and batches wrap") {
+    std::vector<std::uint16_t> tokens(2 * 3 * 4 + 5);  // K = (29-1)/12 = 2 whole batches
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(i);
+    std::vector<int> in, tg;
+    fill_batch(tokens, 1, 3, 4, 0, 3, in, tg);
+    REQUIRE(in.size() == 12);
+    for (int i = 0; i < 12; ++i) {
+        CHECK(in[static_cast<std::size_t>(i)] == 12 + i);
+        CHECK(tg[static_cast<std::size_t>(i)] == 13 + i);
+    }
+    fill_batch(tokens, 2, 3, 4, 0, 3, in, tg);  // wraps to batch 0
+    CHECK(in[0] == 0);
+    CHECK(tg[11] == 12);
+    fill_batch(tokens, 3, 3, 4, 1, 2, in, tg);  // rows 1..2 of batch 1
+    REQUIRE(in.size() == 8);
+    CHECK(in[0] == 16);
+    CHECK(tg[7] == 24);
+}
+
+TEST_CASE("llm.c files round trip, and a model trained from a token file matches the built-in run") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.steps = 2;
+    o.save_model = dir.path() / "a.bin";
+    auto a = run(o);
+    // The built-in corpus written as an llm.c token file gives the same run.
+    write_tokens(dir.path() / "corpus.bin", builtin_tokens(o.corpus_bytes));
+    CHECK(read_tokens(dir.path() / "corpus.bin") == builtin_tokens(o.corpus_bytes));
+    options with_file = o;
+    with_file.data = dir.path() / "corpus.bin";
+    with_file.save_model.clear();
+    CHECK(run(with_file) == a);
+    auto ck = read_checkpoint(o.save_model);
+    CHECK(ck.config.num_layers == 2);
+    CHECK(ck.config.channels == 32);
+    CHECK(ck.config.padded_vocab_size == 256);
+    write_checkpoint(dir.path() / "copy.bin", ck.config, ck.params);
+    CHECK(file_bytes(dir.path() / "copy.bin") == file_bytes(o.save_model));
+    // Continue from the checkpoint with --model: the first loss is the loss of that model.
+    options from = o;
+    from.model = o.save_model;
+    from.save_model.clear();
+    from.steps = 1;
+    auto b = run(from);
+    CHECK(b[0] < a[0]);
+}
