@@ -1,0 +1,267 @@
+// The mini_gpt command line as a user runs it: bad input exits with 2 and one line naming
+// the file and the problem; a run killed with SIGKILL and resumed gives the uninterrupted
+// losses; --json and --trace write what they promise.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "llmc_format.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace mini_gpt;
+
+namespace {
+
+struct result {
+    int status = -1;  // exit status, or 128 + signal
+    std::string out, err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+/// Runs mini_gpt with `args`, stdout and stderr to files under `dir`.
+result run(const std::filesystem::path& dir, std::vector<std::string> args) {
+    auto out = dir / "stdout.txt", err = dir / "stderr.txt";
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        ::dup2(o, 1);
+        ::dup2(e, 2);
+        std::vector<char*> argv;
+        std::string exe = MINI_GPT_EXE;
+        argv.push_back(exe.data());
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        ::execv(exe.c_str(), argv.data());
+        ::_exit(127);
+    }
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    result r;
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+}
+
+std::vector<std::string> tiny_args() {
+    return {"--layers", "2", "--channels", "32", "--heads", "4", "--max-seq", "16", "--seq", "16", "--batch", "2",
+            "--threads", "2", "--corpus-bytes", "8192", "--lr", "1e-3"};
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
+void write_bytes(const std::filesystem::path& p, const std::vector<std::byte>& b) {
+    std::ofstream f(p, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+/// Expects exit status 2 and one line on stderr containing every string in `needles`.
+void expect_refused(const result& r, const std::vector<std::string>& needles) {
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    for (const auto& n : needles) CHECK(r.err.find(n) != std::string::npos);
+}
+
+std::vector<std::string> json_losses(const std::string& out) {
+    std::vector<std::string> v;
+    std::regex re("\"loss\":([^,]+)");
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+        v.push_back((*it)[1].str());
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("bad input: exit status 2 and a one-line message naming the file and the problem") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    // A good checkpoint and token file to corrupt.
+    auto good = d / "good.bin";
+    REQUIRE(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", good.string()}).status == 0);
+    auto ck = read_file(good);
+    std::vector<std::uint16_t> toks(100, 65);
+    write_tokens(d / "tokens.bin", toks);
+    auto tk = read_file(d / "tokens.bin");
+
+    SUBCASE("missing files") {
+        expect_refused(run(d, {"--model", (d / "nope.bin").string()}), {"nope.bin", "No such file"});
+        expect_refused(run(d, {"--data", (d / "nodata.bin").string()}), {"nodata.bin", "No such file"});
+    }
+    SUBCASE("wrong magic and version") {
+        auto bad = ck;
+        bad[0] = std::byte{1};
+        write_bytes(d / "magic.bin", bad);
+        expect_refused(run(d, {"--model", (d / "magic.bin").string()}), {"magic.bin", "bad magic"});
+        bad = ck;
+        bad[4] = std::byte{5};
+        write_bytes(d / "version.bin", bad);
+        expect_refused(run(d, {"--model", (d / "version.bin").string()}), {"version.bin", "version 5"});
+        auto badt = tk;
+        badt[0] = std::byte{0};
+        write_bytes(d / "tmagic.bin", badt);
+        expect_refused(run(d, {"--data", (d / "tmagic.bin").string()}), {"tmagic.bin", "bad magic"});
+        badt = tk;
+        badt[4] = std::byte{2};
+        write_bytes(d / "tversion.bin", badt);
+        expect_refused(run(d, {"--data", (d / "tversion.bin").string()}), {"tversion.bin", "version 2"});
+    }
+    SUBCASE("truncated files") {
+        auto cut = ck;
+        cut.resize(cut.size() - 4);
+        write_bytes(d / "cut.bin", cut);
+        expect_refused(run(d, {"--model", (d / "cut.bin").string()}), {"cut.bin", "truncated checkpoint"});
+        cut.resize(100);
+        write_bytes(d / "cut_header.bin", cut);
+        expect_refused(run(d, {"--model", (d / "cut_header.bin").string()}), {"cut_header.bin", "truncated"});
+        auto cutt = tk;
+        cutt.resize(cutt.size() - 1);
+        write_bytes(d / "cut_tokens.bin", cutt);
+        expect_refused(run(d, {"--data", (d / "cut_tokens.bin").string()}), {"cut_tokens.bin", "truncated token file"});
+    }
+    SUBCASE("tokens out of range and too few tokens") {
+        std::vector<std::uint16_t> bad(200, 65);
+        bad[57] = 300;
+        write_tokens(d / "range.bin", bad);
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--data", (d / "range.bin").string()}),
+                       {"range.bin", "token 300 at position 57", "out of range"});
+        write_tokens(d / "short.bin", std::vector<std::uint16_t>(10, 65));
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--data", (d / "short.bin").string()}),
+                       {"short.bin", "fewer than one batch"});
+    }
+    SUBCASE("a config that does not divide, a checkpoint whose header does not") {
+        expect_refused(run(d, {"--channels", "30", "--heads", "4"}), {"--channels 30", "not divisible"});
+        auto bad = ck;
+        std::int32_t heads = 5;  // channels 32 is not divisible by 5
+        std::memcpy(bad.data() + 5 * sizeof(std::int32_t), &heads, sizeof heads);
+        write_bytes(d / "heads.bin", bad);
+        expect_refused(run(d, {"--model", (d / "heads.bin").string()}), {"heads.bin", "not divisible by num_heads 5"});
+    }
+    SUBCASE("unwritable paths") {
+        // A path under a regular file cannot be created (ENOTDIR), even for root.
+        auto under = (d / "good.bin" / "x").string();
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", under}),
+                       {under, "--save-model"});
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save", under}), {under, "--save"});
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--offload", "all", "--path", under}),
+                       {under, "--path"});
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--trace", under}), {under, "--trace"});
+    }
+    SUBCASE("bad flags") {
+        expect_refused(run(d, {"--bogus"}), {"--bogus", "unknown flag"});
+        expect_refused(run(d, {"--offload", "disk"}), {"--offload", "disk"});
+        expect_refused(run(d, {"--grad-dtype", "fp8"}), {"--grad-dtype", "fp8"});
+        expect_refused(run(d, {"--batch", "zero"}), {"--batch", "zero"});
+        expect_refused(run(d, {"--resume", (d / "nosave").string()}), {"nosave", "latest"});
+    }
+}
+
+TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted losses") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    const int steps = 10;
+    auto common = tiny_args() + std::vector<std::string>{"--steps", std::to_string(steps), "--json", "--offload", "all",
+                                                         "--path", (d / "p").string(), "--grad-dtype", "bf16"};
+    auto straight = run(d, common);
+    REQUIRE(straight.status == 0);
+    auto want = json_losses(straight.out);
+    REQUIRE(want.size() == static_cast<std::size_t>(steps));
+
+    // Start the same run with saves every 3 steps; kill it once it reported step 7.
+    int pipefd[2];
+    REQUIRE(::pipe(pipefd) == 0);
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    auto args = common + std::vector<std::string>{"--save", (d / "saves").string(), "--save-every", "3"};
+    if (pid == 0) {
+        ::dup2(pipefd[1], 1);
+        ::close(pipefd[0]);
+        std::vector<char*> argv;
+        std::string exe = MINI_GPT_EXE;
+        argv.push_back(exe.data());
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        ::execv(exe.c_str(), argv.data());
+        ::_exit(127);
+    }
+    ::close(pipefd[1]);
+    std::string seen;
+    char buf[4096];
+    while (seen.find("\"step\":7,") == std::string::npos) {
+        ssize_t n = ::read(pipefd[0], buf, sizeof buf);
+        if (n <= 0) break;
+        seen.append(buf, static_cast<std::size_t>(n));
+    }
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    ::close(pipefd[0]);
+    REQUIRE(WIFSIGNALED(st));
+    CHECK(WTERMSIG(st) == SIGKILL);
+    REQUIRE(seen.find("\"step\":7,") != std::string::npos);
+    // The latest complete save is step 6 (or 9 if the kill landed after it).
+    std::string latest = slurp(d / "saves" / "latest");
+    MESSAGE("killed after step 7; latest save: " << latest);
+    CHECK((latest == "step-00000006" || latest == "step-00000009"));
+
+    auto resumed = run(d, common + std::vector<std::string>{"--resume", (d / "saves").string()});
+    REQUIRE(resumed.status == 0);
+    auto got = json_losses(resumed.out);
+    REQUIRE(!got.empty());
+    std::size_t from = static_cast<std::size_t>(steps) - got.size();
+    CHECK((from == 6 || from == 9));
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[from + i]);
+}
+
+TEST_CASE("--json lines, the progress table, --trace and --help") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    auto r = run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--json", "--offload", "all", "--path",
+                                                           (d / "p").string(), "--trace", (d / "trace.json").string()});
+    REQUIRE(r.status == 0);
+    std::istringstream lines(r.out);
+    std::string line;
+    int n = 0;
+    while (std::getline(lines, line)) {
+        for (const char* key : {"\"step\":", "\"loss\":", "\"ms\":", "\"tokens_per_s\":", "\"act_peak_bytes\":"})
+            CHECK(line.find(key) != std::string::npos);
+        CHECK(line.front() == '{');
+        CHECK(line.back() == '}');
+        ++n;
+    }
+    CHECK(n == 3);
+    auto trace = slurp(d / "trace.json");
+    CHECK(trace.find("\"traceEvents\"") != std::string::npos);
+    for (const char* name : {"forward 0", "backward 2", "update 1", "save layer 1", "load layer 0"})
+        CHECK(trace.find(name) != std::string::npos);
+
+    auto table = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--offload", "all", "--path",
+                                                               (d / "p").string()});
+    REQUIRE(table.status == 0);
+    for (const char* s : {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
+                          "activations", "stash", "optimizer", "resident set"})
+        CHECK(table.out.find(s) != std::string::npos);
+    auto help = run(d, {"--help"});
+    CHECK(help.status == 0);
+    CHECK(help.out.find("--offload") != std::string::npos);
+}
