@@ -14,6 +14,8 @@
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/adam_formula.hpp"
 #include "spillway/optim/half.hpp"
+#include "spillway/optim/update_pipeline.hpp"
+#include "spillway/schedule/alternating_order.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/split_rule.hpp"
 #include "spillway/stash/tensor_desc.hpp"
@@ -23,3 +25,4 @@
 #include "spillway/tier/storage_tier.hpp"
 #include "spillway/tier/throttled_tier.hpp"
 #include "spillway/tier/tier_stats.hpp"
+#include "spillway/trace/recorder.hpp"
