@@ -389,7 +389,11 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
     for (auto& p : pending) CHECK(p.ready());
     for (auto& p : pending) p.wait();
 
+    // A temporary file of a process that is gone (pid 2^22 + 1 is above the kernel's
+    // pid_max limit, so no process has it) is cleaned up; regular files become keys.
+    std::ofstream(dir.path() / ".spillway.tmp.4194305.7") << "stale";
     file_tier<> again(dir.path());
+    CHECK_FALSE(fs::exists(dir.path() / ".spillway.tmp.4194305.7"));
     CHECK(again.used() == [&] {
         std::size_t s = 0;
         for (auto& d : data) s += d.size();

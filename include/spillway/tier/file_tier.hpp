@@ -34,12 +34,14 @@
 //   sizes; a file deleted behind the tier's back ENOENT (the key is then forgotten); a file
 //   whose size changed behind the tier's back EIO with both sizes. The tier stays usable.
 // - The index of keys and sizes lives in memory; construction rebuilds it from the files
-//   already in the directory (the tier is persistent).
+//   already in the directory (the tier is persistent) and removes temporary files left by
+//   processes that no longer exist.
 // - Destroying the tier waits for every operation in flight, then the engine.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -52,6 +54,7 @@
 #include <vector>
 
 #include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/stat.h>
@@ -585,6 +588,19 @@ private:
                                     name_ + ": O_DIRECT is required but " + direct_note_);
     }
 
+    // Removes ".spillway.tmp.<pid>.<n>" and ".spillway.probe.<pid>.<n>" files left by a
+    // process that no longer exists (a crash mid-write, or spares never cleaned up).
+    void remove_if_orphaned(std::string_view n) {
+        for (std::string_view kind : {std::string_view("tmp."), std::string_view("probe.")}) {
+            std::string_view rest = n.substr(reserved_prefix.size());
+            if (rest.substr(0, kind.size()) != kind) continue;
+            rest.remove_prefix(kind.size());
+            long pid = std::strtol(std::string(rest.substr(0, rest.find('.'))).c_str(), nullptr, 10);
+            if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+                ::unlinkat(dirfd_.get(), std::string(n).c_str(), 0);
+        }
+    }
+
     // Rebuilds the index from the regular files in the directory.
     void scan() {
         int fd = ::openat(dirfd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -597,7 +613,11 @@ private:
         }
         while (dirent* e = ::readdir(d)) {
             std::string_view n(e->d_name);
-            if (n == "." || n == ".." || n.substr(0, reserved_prefix.size()) == reserved_prefix) continue;
+            if (n == "." || n == "..") continue;
+            if (n.substr(0, reserved_prefix.size()) == reserved_prefix) {
+                remove_if_orphaned(n);
+                continue;
+            }
             struct stat st {};
             if (::fstatat(dirfd_.get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
             index_.emplace(std::string(n), static_cast<std::size_t>(st.st_size));
