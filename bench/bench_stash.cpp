@@ -201,11 +201,11 @@ void BM_stash(benchmark::State& state) {
 
 void args(benchmark::internal::Benchmark* b) {
     b->ArgNames({"layers", "MiB", "ms", "MBps", "file", "offload_all"});
-    // 16 layers of 4 MiB, 6 ms each: hiding one layer's I/O needs about 0.7 GB/s.
+    // 16 layers of 4 MiB, 10 ms each: hiding one layer's I/O needs about 0.42 GB/s.
     for (int file : {0, 1}) {
-        b->Args({16, 4, 6, 2800, file, 0});  // 4x the need: everything can be offloaded
-        b->Args({16, 4, 6, 350, file, 0});   // half the need: the adaptive split keeps the tail
-        b->Args({16, 4, 6, 350, file, 1});   // half the need, offloading everything anyway
+        b->Args({16, 4, 10, 1600, file, 0});  // 4x the need: everything can be offloaded
+        b->Args({16, 4, 10, 210, file, 0});   // half the need: the adaptive split keeps the tail
+        b->Args({16, 4, 10, 210, file, 1});   // half the need, offloading everything anyway
     }
     b->UseManualTime()->Unit(benchmark::kMillisecond);
     b->Iterations(bench::smoke() ? 1 : 5);

@@ -94,6 +94,7 @@ TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
             CHECK(same_bytes(stash.load(it->handle), it->bytes));
             stash.release(it->handle);
         }
+        stash.flush();  // erases run on the writer thread
         CHECK(tier.used() == 0);  // every blob erased with its last reference
         CHECK(stash.stats().resident_bytes == stash.stats().pooled_bytes);
         auto pooled = stash.stats().pooled_bytes;
@@ -160,6 +161,7 @@ TEST_CASE("deduplication: the same tensor is stored once; transposes and new ver
     stash.release(h4);
     stash.release(h5);
     stash.release(h6);
+    stash.flush();  // erases run on the writer thread
     CHECK(tier.inner().used() == 0);
     // One layer: backward's first load prefetched all four; x was read once for h2 and h3.
     CHECK(stash.stats().bytes_loaded == 4 * n);
@@ -204,6 +206,7 @@ TEST_CASE("forwarding: backward takes tensors still in memory; unstarted writes 
     CHECK(same_bytes(stash.load(hx), x));  // still resident after its write completed
     stash.release(hx);
     stash.release(hy);
+    stash.flush();  // erases run on the writer thread
     CHECK(tier.inner().used() == 0);
 }
 
@@ -333,6 +336,7 @@ TEST_CASE("the memory budget is never exceeded") {
         CHECK(contains(msg, "budget"));
         CHECK_THROWS_AS((void)stash.load(h), std::length_error);
         stash.release(h);
+        stash.flush();  // erases run on the writer thread
         CHECK(tier.used() == 0);
     }
 }

@@ -49,7 +49,8 @@
 //  5. load(handle) returns a view of the resident bytes, waiting for a read in flight or
 //     issuing one (load_wait_seconds); the view stays valid until the handle is released.
 //  6. release(handle) drops the handle's reference; with the last one the buffer is freed, a
-//     queued write is skipped, and the tier blob is erased (after any I/O in flight ends).
+//     queued write is skipped, and the tier blob is erased on the writer thread (after any
+//     I/O in flight on it ends; flush() waits for erases too).
 //  7. A save() or begin_layer() after backward began starts the next step.
 // Errors: a failed write is reported by the next save(), begin_layer() or flush() (once)
 // and by every load() of that tensor; a failed read is reported by the load() that needed it
@@ -243,8 +244,8 @@ public:
             std::lock_guard lock(mutex_);
             shutting_down_ = true;
         }
-        writer_.reset();
         reader_.reset();
+        writer_.reset();
         for (auto& [id, e] : entries_)
             if (e->on_tier) erase_blob(e->key);
     }
@@ -384,10 +385,11 @@ public:
 
     // ---- whole-stash ------------------------------------------------------------------
 
-    /// Waits for every write issued so far; throws the first unreported write failure.
+    /// Waits for every write and blob erase issued so far; throws the first unreported write
+    /// failure.
     void flush() {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return writes_pending_ == 0; });
+        cv_.wait(lock, [&] { return writes_pending_ == 0 && erases_pending_ == 0; });
         throw_pending();
     }
 
@@ -403,7 +405,7 @@ public:
             auto it = entries_.find(id);
             if (it != entries_.end() && --it->second->refs == 0) drop(*it->second);
         }
-        cv_.wait(lock, [&] { return writes_pending_ == 0 && reads_pending_ == 0; });
+        cv_.wait(lock, [&] { return writes_pending_ == 0 && reads_pending_ == 0 && erases_pending_ == 0; });
         pending_error_ = nullptr;
         phase_ = phase::backward;  // the next save starts a new step
     }
@@ -431,9 +433,10 @@ public:
         return freed;
     }
     /// Restarts peak_resident_bytes from the current resident bytes.
+    /// Also restarts the held high-water mark that lets the pool grow past pool_limit.
     void reset_peak() {
         std::lock_guard lock(mutex_);
-        stats_.peak_resident_bytes = resident_;
+        restart_high_water();
     }
     [[nodiscard]] split_plan plan() const {
         std::lock_guard lock(mutex_);
@@ -705,7 +708,13 @@ private:
             order_.clear();
             cursor_ = 0;
             step_open_ = false;
-            profiling_ = opt_.split == split_mode::adaptive && !plan_.planned;
+            if (after_profiling_) {
+                // The profiling step held everything: that peak must not size the pool.
+                after_profiling_ = false;
+                std::size_t peak = stats_.peak_resident_bytes;
+                restart_high_water();
+                stats_.peak_resident_bytes = peak;
+            }
         }
         if (!step_open_) {
             step_open_ = true;
@@ -731,7 +740,10 @@ private:
         phase_ = phase::backward;
         backward_position_ = layers_.size();
         cursor_ = order_.size();
-        if (profiling_ && !plan_.planned) plan_split(lock);
+        if (profiling_ && !plan_.planned) {
+            plan_split(lock);
+            after_profiling_ = true;
+        }
         profiling_ = false;
     }
 
@@ -792,6 +804,17 @@ private:
         }
         resident_ += charge;
         note_peaks();
+    }
+    // The pool shrinks to pool_limit and the high-water marks restart from now.
+    void restart_high_water() {
+        while (!pool_.empty() && pool_bytes_ > opt_.pool_limit) {
+            auto it = std::prev(pool_.end());
+            pool_bytes_ -= it->second.capacity();
+            resident_ -= it->second.capacity();
+            pool_.erase(it);
+        }
+        held_peak_ = resident_ - pool_bytes_;
+        stats_.peak_resident_bytes = resident_;
     }
     void note_peaks() {
         stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_);
@@ -932,7 +955,7 @@ private:
             stats_.bytes_offloaded += e.nbytes;
             if (e.refs == 0) {
                 free_buffer(std::move(e.buffer));
-                erase_blob(e.key);
+                erase_later(e.key);
                 entries_.erase(e.id);
             } else if (e.pinned || in_prefetch_window(e)) {
                 note_forwarded(e);
@@ -957,6 +980,23 @@ private:
             e.forwarded = true;
             stats_.bytes_forwarded += e.nbytes;
         }
+    }
+
+    // Erases a blob on the writer thread: unlinking a file can take milliseconds on a busy
+    // disk, and release() runs on the compute thread. Keys are never reused, so the erase
+    // cannot race with another operation on the same key.
+    void erase_later(std::string key) {
+        if (shutting_down_) {  // the pools are draining: erase here
+            erase_blob(key);
+            return;
+        }
+        ++erases_pending_;
+        writer_->submit([this, key = std::move(key)] {
+            erase_blob(key);
+            std::lock_guard lock(mutex_);
+            --erases_pending_;
+            cv_.notify_all();
+        });
     }
 
     void erase_blob(const std::string& key) noexcept {
@@ -1006,7 +1046,7 @@ private:
         if (e.refs == 0) {
             if (buffer.data()) free_buffer(std::move(buffer));
             else resident_ -= charge_of(nbytes);
-            erase_blob(e.key);
+            erase_later(e.key);
             entries_.erase(e.id);
         } else if (error) {
             ++stats_.failed_reads;
@@ -1061,7 +1101,7 @@ private:
             case entry_state::offloaded:
             case entry_state::lost:
                 free_buffer(std::move(e.buffer));
-                if (e.on_tier) erase_blob(e.key);
+                if (e.on_tier) erase_later(e.key);
                 entries_.erase(e.id);
                 break;
             case entry_state::writing:
@@ -1090,7 +1130,7 @@ private:
     stash_stats stats_;
     std::exception_ptr pending_error_;
     std::uint64_t next_entry_ = 0, next_handle_ = 0;
-    std::size_t writes_pending_ = 0, reads_pending_ = 0;
+    std::size_t writes_pending_ = 0, reads_pending_ = 0, erases_pending_ = 0;
     bool shutting_down_ = false;
 
     // The current step.
@@ -1098,6 +1138,7 @@ private:
     std::uint64_t step_ = 0;
     bool step_open_ = false;
     bool profiling_ = false;
+    bool after_profiling_ = false;
     clock::time_point step_start_{};
     std::vector<std::uint32_t> scopes_;
     std::vector<layer_record> layers_;
