@@ -1,0 +1,245 @@
+// spillway/cuda/device_tier.hpp: a storage tier in GPU memory.
+//
+// Guarantees:
+// - Blobs live in device memory from the stream-ordered allocator (cudaMallocAsync). All
+//   work runs on one non-blocking stream owned by the tier, so operations execute in the
+//   order they were issued; a completion is signalled by a host function enqueued after
+//   the copy (cudaLaunchHostFunc), so write() and read() never wait for the GPU.
+// - Pinned caller buffers (cuda::pinned_buffer) give truly asynchronous copies; pageable
+//   buffers work too, with the CUDA runtime staging them.
+// - The storage_tier contract holds: a missing key is std::system_error(ENOENT) naming the
+//   key; a wrong buffer size std::invalid_argument naming both sizes; a write past
+//   capacity() or one the GPU cannot allocate fails with ENOSPC naming the key, the size
+//   and (for an allocation failure) the CUDA error, and leaves the previous blob intact;
+//   other CUDA failures are std::system_error in cuda_category() naming the key and size.
+// - Rewrite and erase protocol (stream order makes it safe without waiting):
+//   1. allocate the new blob and enqueue the host-to-device copy on the tier's stream;
+//   2. swap the new blob into the index at once, so later reads enqueue after the copy;
+//   3. enqueue cudaFreeAsync of the old blob: it runs after every read already enqueued.
+// - Destruction synchronises the stream (every host function has then run), frees every
+//   blob and destroys the stream. Requires the CUDA runtime; the device must outlive it.
+#pragma once
+
+#include <cerrno>
+#include <cstddef>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+
+#include <cuda_runtime_api.h>
+
+#include "spillway/cuda/cuda_error.hpp"
+#include "spillway/error.hpp"
+#include "spillway/tier/storage_tier.hpp"
+
+namespace spillway::cuda {
+
+struct device_tier_options {
+    /// The CUDA device (ordinal) that holds the blobs.
+    int device = 0;
+    /// The most bytes of blobs held at once (unbounded by default: the GPU's memory limits).
+    std::size_t capacity = std::numeric_limits<std::size_t>::max();
+    /// The tier's name in messages and reports.
+    std::string name = "device";
+};
+
+namespace detail {
+/// Makes `device` current for a scope and restores the previous device after.
+class device_guard {
+public:
+    explicit device_guard(int device) {
+        check_cuda(cudaGetDevice(&previous_), "cudaGetDevice", "device_guard");
+        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice", "device " + std::to_string(device));
+    }
+    device_guard(const device_guard&) = delete;
+    device_guard& operator=(const device_guard&) = delete;
+    ~device_guard() { cudaSetDevice(previous_); }
+
+private:
+    int previous_ = 0;
+};
+}  // namespace detail
+
+class device_tier {
+public:
+    static constexpr tier_properties properties{.persistent = false, .direct_io = false, .host_accessible = false};
+
+    /// Creates the tier's stream on options.device. Throws std::system_error (cuda_category())
+    /// when the device cannot be used.
+    explicit device_tier(device_tier_options options = {})
+        : device_(options.device), capacity_(options.capacity), name_(std::move(options.name)) {
+        detail::device_guard guard(device_);
+        check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+                   name_ + ": stream on device " + std::to_string(device_));
+    }
+    device_tier(const device_tier&) = delete;
+    device_tier& operator=(const device_tier&) = delete;
+    ~device_tier() {
+        int previous = device_;
+        cudaGetDevice(&previous);
+        cudaSetDevice(device_);
+        cudaStreamSynchronize(stream_);  // every copy done, every host function run
+        for (auto& [key, b] : blobs_)
+            if (b.ptr) cudaFreeAsync(b.ptr, stream_);
+        cudaStreamSynchronize(stream_);
+        cudaStreamDestroy(stream_);
+        cudaSetDevice(previous);
+    }
+
+    io_completion write(std::string_view key, std::span<const std::byte> bytes) {
+        validate_key(key);
+        const std::size_t n = bytes.size();
+        stats_.begin(io_direction::write);
+        std::unique_lock lock(mutex_);
+        auto [it, inserted] = blobs_.try_emplace(std::string(key));  // the only step that allocates host memory
+        void* ptr = nullptr;
+        try {
+            detail::device_guard guard(device_);
+            std::size_t old = it->second.nbytes;
+            if (used_ - old + n > capacity_)
+                throw std::system_error(ENOSPC, std::generic_category(),
+                                        describe("write", key, n) + " exceeds the capacity of " + bytes_str(capacity_) +
+                                            " (" + bytes_str(used_) + " used)");
+            // 1. allocate and enqueue the copy, then the completion
+            if (n > 0) {
+                cudaError_t err = cudaMallocAsync(&ptr, n, stream_);
+                if (err == cudaErrorMemoryAllocation) {
+                    cudaGetLastError();  // clear the (non-sticky) allocation error
+                    ptr = nullptr;
+                    throw std::system_error(ENOSPC, std::generic_category(),
+                                            describe("write", key, n) + ": cudaMallocAsync failed (" +
+                                                cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
+                }
+                check_cuda(err, "cudaMallocAsync", describe("write", key, n));
+                check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync",
+                           describe("write", key, n));
+            }
+            auto handle = enqueue_completion(io_direction::write, n, key);
+            // 2. swap the new blob in; 3. free the old one in stream order (nothing here throws)
+            if (it->second.ptr) cudaFreeAsync(it->second.ptr, stream_);
+            it->second = blob{ptr, n};
+            used_ = used_ - old + n;
+            return handle;
+        } catch (...) {
+            if (ptr) cudaFreeAsync(ptr, stream_);
+            if (inserted) blobs_.erase(it);
+            lock.unlock();
+            stats_.end(io_direction::write, n, false);
+            return io_completion::failed(std::current_exception());
+        }
+    }
+
+    io_completion read(std::string_view key, std::span<std::byte> bytes) {
+        validate_key(key);
+        const std::size_t n = bytes.size();
+        stats_.begin(io_direction::read);
+        try {
+            std::lock_guard lock(mutex_);
+            auto it = blobs_.find(std::string(key));
+            if (it == blobs_.end())
+                throw std::system_error(ENOENT, std::generic_category(), name_ + ": read of key " + quoted(key) + ": no such key");
+            if (it->second.nbytes != n)
+                throw std::invalid_argument(name_ + ": read of key " + quoted(key) + " into a buffer of " + bytes_str(n) +
+                                            ", but the blob has " + bytes_str(it->second.nbytes));
+            detail::device_guard guard(device_);
+            if (n > 0)
+                check_cuda(cudaMemcpyAsync(bytes.data(), it->second.ptr, n, cudaMemcpyDeviceToHost, stream_),
+                           "cudaMemcpyAsync", describe("read", key, n));
+            return enqueue_completion(io_direction::read, n, key);
+        } catch (...) {
+            stats_.end(io_direction::read, n, false);
+            return io_completion::failed(std::current_exception());
+        }
+    }
+
+    bool erase(std::string_view key) {
+        validate_key(key);
+        std::lock_guard lock(mutex_);
+        auto it = blobs_.find(std::string(key));
+        if (it == blobs_.end()) return false;
+        if (it->second.ptr) {
+            detail::device_guard guard(device_);
+            cudaFreeAsync(it->second.ptr, stream_);  // after every read already enqueued
+        }
+        used_ -= it->second.nbytes;
+        blobs_.erase(it);
+        return true;
+    }
+    [[nodiscard]] bool contains(std::string_view key) const {
+        std::lock_guard lock(mutex_);
+        return blobs_.contains(std::string(key));
+    }
+    [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const {
+        std::lock_guard lock(mutex_);
+        auto it = blobs_.find(std::string(key));
+        if (it == blobs_.end()) return std::nullopt;
+        return it->second.nbytes;
+    }
+    [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    [[nodiscard]] std::size_t used() const {
+        std::lock_guard lock(mutex_);
+        return used_;
+    }
+    [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+    [[nodiscard]] int device() const noexcept { return device_; }
+    [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+
+    /// The device address of a blob (valid until the key is rewritten or erased; work on it
+    /// must be ordered after the tier's stream), or nullptr when the key is absent.
+    [[nodiscard]] const void* device_pointer(std::string_view key) const {
+        std::lock_guard lock(mutex_);
+        auto it = blobs_.find(std::string(key));
+        return it == blobs_.end() ? nullptr : it->second.ptr;
+    }
+
+private:
+    struct blob {
+        void* ptr = nullptr;
+        std::size_t nbytes = 0;
+    };
+    // What the host function finishes; owned by the callback once enqueued.
+    struct pending {
+        completion_source source;
+        stats_recorder* stats;
+        io_direction dir;
+        std::size_t nbytes;
+    };
+    static void CUDART_CB on_done(void* p) {
+        std::unique_ptr<pending> op(static_cast<pending*>(p));
+        op->stats->end(op->dir, op->nbytes, true);
+        op->source.succeed(op->nbytes);
+    }
+
+    io_completion enqueue_completion(io_direction dir, std::size_t n, std::string_view key) {
+        auto op = std::make_unique<pending>(pending{completion_source{}, &stats_, dir, n});
+        auto handle = op->source.handle();
+        check_cuda(cudaLaunchHostFunc(stream_, &device_tier::on_done, op.get()), "cudaLaunchHostFunc",
+                   describe(dir == io_direction::read ? "read" : "write", key, n));
+        op.release();  // the host function owns it now
+        return handle;
+    }
+
+    [[nodiscard]] std::string describe(std::string_view op, std::string_view key, std::size_t n) const {
+        return name_ + ": " + std::string(op) + " of key " + quoted(key) + " (" + bytes_str(n) + ")";
+    }
+
+    int device_;
+    std::size_t capacity_;
+    std::string name_;
+    cudaStream_t stream_ = nullptr;
+    mutable std::mutex mutex_;
+    std::unordered_map<std::string, blob> blobs_;
+    std::size_t used_ = 0;
+    stats_recorder stats_;
+};
+
+#if defined(__CUDACC__)
+static_assert(storage_tier<device_tier>);
+#endif
+
+}  // namespace spillway::cuda

@@ -1,0 +1,55 @@
+// spillway/cuda/thrust_widen.hpp: lazy gradient widening as a Thrust kernel: fp16 or bf16
+// values become fp32, optionally multiplied by a scale (the inverse loss scale), in one
+// elementwise pass: out[i] = to_float(in[i]) * scale.
+//
+// Guarantees:
+// - The conversion is spillway::to_float (optim/half.hpp): exact for all 65,536 bit
+//   patterns; the product is one correctly rounded fp32 multiply, so the result equals the
+//   host reference bit for bit (NaNs stay NaNs) on every Thrust backend.
+// - Written against Thrust only, so the same code runs on the GPU (nvcc, CUDA backend) and
+//   on the CPU (THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP or _CPP), where its logic is
+//   tested on machines without a GPU.
+// - widen() takes an execution policy (thrust::device, thrust::cuda::par.on(stream), ...)
+//   and spans in memory that policy can reach (device memory for the CUDA backend). It
+//   throws std::invalid_argument when the spans' sizes differ, before touching anything.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+#include "spillway/config.hpp"
+#include "spillway/optim/detail/half_core.hpp"
+
+namespace spillway::cuda {
+
+/// The elementwise function: widen one Half (float16 or bfloat16) and scale it.
+template <class Half>
+struct widen_scaled_fn {
+    static_assert(is_half_v<Half>, "widen_scaled_fn<Half>: Half must be float16 or bfloat16");
+    float scale = 1.0f;
+    SPILLWAY_HOST_DEVICE float operator()(Half h) const noexcept { return to_float(h) * scale; }
+};
+
+/// out[i] = to_float(in[i]) * scale for every i, with Thrust on `policy`.
+/// in (count), out (count): Half and fp32 elements.
+template <class Policy, class Half>
+void widen(const Policy& policy, std::span<const Half> in, std::span<float> out, float scale = 1.0f) {
+    if (in.size() != out.size())
+        throw std::invalid_argument("spillway::cuda::widen: input has " + std::to_string(in.size()) +
+                                    " elements but output has " + std::to_string(out.size()));
+    if (in.empty()) return;
+    thrust::transform(policy, in.data(), in.data() + in.size(), out.data(), widen_scaled_fn<Half>{scale});
+}
+
+/// The same on thrust::device (the GPU under nvcc, the CPU backend chosen otherwise).
+template <class Half>
+void widen(std::span<const Half> in, std::span<float> out, float scale = 1.0f) {
+    widen(thrust::device, in, out, scale);
+}
+
+}  // namespace spillway::cuda
