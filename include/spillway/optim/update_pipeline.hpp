@@ -716,7 +716,9 @@ private:
         auto f = buf.mem.template as<float>();
         std::span<float> p = f.subspan(0, c), m = f.subspan(c, c), v = f.subspan(2 * c, c);
         std::span<ParamCopy> out = copy_out.empty() ? std::span<ParamCopy>{} : copy_out.subspan(off, c);
-        trace::scoped_event ev(opts_.recorder, tr_compute_, "adam " + std::to_string(s), "compute");
+        std::optional<trace::scoped_event> ev;
+        if (opts_.recorder && opts_.recorder->enabled())
+            ev.emplace(opts_.recorder, tr_compute_, "adam " + std::to_string(s), "compute");
         auto t0 = clock::now();
         if (buf.version == target - 1) {
             step_result r;
@@ -854,7 +856,7 @@ private:
             rethrow_named(std::current_exception(), s, "reading");
         }
         stats_.read_wait_seconds += seconds_since(t0);
-        trace_io(tr_reads_, "read ", s, buf.issued, blob_bytes(s));
+        if (!buf.traced_end) trace_io(tr_reads_, "read ", s, buf.issued, blob_bytes(s));
         buf.use = use_state::ready;
         ++stats_.subgroups_read;
         stats_.bytes_read += blob_bytes(s);
@@ -909,9 +911,18 @@ private:
         release(b);
     }
 
+    // Completes the writes that finished; marks the end of finished reads on the timeline.
     void poll_writes() {
-        for (std::size_t b = 0; b < bufs_.size(); ++b)
-            if (bufs_[b].use == use_state::writing && bufs_[b].op.ready()) finish_write(b);
+        const bool tracing = opts_.recorder && opts_.recorder->enabled();
+        for (std::size_t b = 0; b < bufs_.size(); ++b) {
+            auto& buf = bufs_[b];
+            if (buf.use == use_state::writing && buf.op.ready()) finish_write(b);
+            else if (tracing && buf.use == use_state::reading && !buf.traced_end && buf.op.ready()) {
+                trace_io(tr_reads_, "read ", static_cast<std::size_t>(buf.sg), buf.issued,
+                         blob_bytes(static_cast<std::size_t>(buf.sg)));
+                buf.traced_end = true;
+            }
+        }
     }
 
     void wait_all_writes(double* wait) {
