@@ -113,7 +113,7 @@ void run(benchmark::State& state, Tier& tier, const schedule& s, split_mode mode
     opts.keep_below_bytes = 0;
     opts.pool_limit = 4 * s.bytes;
     opts.prefetch_layers = 2;
-    opts.probe_bytes = std::max<std::size_t>(s.bytes, 4 * MiB);
+    opts.probe_bytes = bench::smoke() ? s.bytes : std::max<std::size_t>(s.bytes, 4 * MiB);
     activation_stash<Tier> stash(tier, opts);
 
     int step = 0;
@@ -205,7 +205,8 @@ void args(benchmark::internal::Benchmark* b) {
     for (int file : {0, 1}) {
         b->Args({16, 4, 10, 1600, file, 0});  // 4x the need: everything can be offloaded
         b->Args({16, 4, 10, 210, file, 0});   // half the need: the adaptive split keeps the tail
-        b->Args({16, 4, 10, 210, file, 1});   // half the need, offloading everything anyway
+        b->Args({16, 4, 10, 105, file, 0});   // a quarter of the need
+        b->Args({16, 4, 10, 105, file, 1});   // a quarter, offloading everything anyway
     }
     b->UseManualTime()->Unit(benchmark::kMillisecond);
     b->Iterations(bench::smoke() ? 1 : 5);

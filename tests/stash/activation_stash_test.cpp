@@ -252,6 +252,7 @@ TEST_CASE("prefetch reads in reverse order of saving, a set number of layers ahe
         stash.end_layer();
     }
     stash.flush();
+    stash.reset_peak();  // no high-water room: prefetch reads only its window
     auto writes = tier.write_log();
     REQUIRE(writes.size() == layers);
 
@@ -268,6 +269,41 @@ TEST_CASE("prefetch reads in reverse order of saving, a set number of layers ahe
     auto reads = tier.read_log();
     std::vector<std::string> reversed(writes.rbegin(), writes.rend());
     CHECK(reads == reversed);
+}
+
+TEST_CASE("prefetch reads further ahead into memory the step already used, never past its peak") {
+    test::gated_tier tier;
+    auto opts = offload_everything();
+    opts.prefetch_layers = 1;
+    activation_stash stash(tier, opts);
+    const std::size_t n = 64 * 1024;
+    std::vector<std::vector<std::byte>> data;
+    std::vector<stash_handle> handles;
+    tier.close_writes();  // forward outruns the tier: three tensors are held at once
+    for (int l = 0; l < 6; ++l) {
+        stash.begin_layer(static_cast<std::uint32_t>(l));
+        data.push_back(random_bytes(n, l));
+        handles.push_back(stash.save(make_desc("f" + std::to_string(l), l + 1, {16 * 1024}), data.back()));
+        stash.end_layer();
+        if (l == 2) {
+            tier.wait_writes_entered(1);
+            tier.open_writes();
+            stash.flush();
+        }
+    }
+    stash.flush();
+    auto peak = stash.stats().peak_resident_bytes;
+    CHECK(peak >= 3 * n);
+    stash.start_backward();
+    // The window is two layers (5 and 4); the high-water mark leaves room for more.
+    CHECK(test::eventually([&] { return tier.read_log().size() >= 3; }));
+    for (int l = 5; l >= 0; --l) {
+        CHECK(same_bytes(stash.load(handles[static_cast<std::size_t>(l)]), data[static_cast<std::size_t>(l)]));
+        stash.release(handles[static_cast<std::size_t>(l)]);
+    }
+    auto writes = tier.write_log();
+    CHECK(tier.read_log() == std::vector<std::string>(writes.rbegin(), writes.rend()));
+    CHECK(stash.stats().peak_resident_bytes == peak);
 }
 
 TEST_CASE("the memory budget is never exceeded") {

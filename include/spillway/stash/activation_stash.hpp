@@ -15,8 +15,8 @@
 //   forward whose I/O cannot be hidden stay in memory (split chosen by TBA's rule from a
 //   profiling step, split_rule.hpp, or set by the user); memory_budget caps resident bytes
 //   and is never exceeded (save waits for writes to finish, or writes synchronously).
-// - Prefetch: in backward, reads are issued in reverse order of saving, prefetch_layers
-//   layers ahead of the layer backward is in.
+// - Prefetch: in backward, reads are issued in reverse order of saving, at least
+//   prefetch_layers offloading layers ahead of the layer backward is in.
 // - Compute never blocks on a write, except when the memory budget leaves no room.
 // - All public member functions are thread-safe.
 //
@@ -42,10 +42,12 @@
 //     prefetch window, in which case it stays resident (forwarded).
 //  3. Backward begins with start_backward() or the first load(). On the profiling step the
 //     split is planned now (forward time measured; tier bandwidth given or probed).
-//  4. Prefetch: for the layer backward is in, every tensor of the prefetch_layers layers
-//     before it (and of its own layer) is made resident, newest first: a queued write is
-//     cancelled (write skip), an offloaded tensor is read by a reader thread when the budget
-//     has room (otherwise later, when room is freed).
+//  4. Prefetch: for the layer backward is in, every tensor of its own layer and of the
+//     prefetch_layers offloading layers before it (kept layers need no reads and do not
+//     count) is made resident, newest first: a queued write is cancelled (write skip), an
+//     offloaded tensor is read by a reader thread when the budget has room (otherwise later,
+//     when room is freed). Beyond that window prefetch goes on reading while the bytes held
+//     stay within the high-water mark the step already reached, so it never lifts the peak.
 //  5. load(handle) returns a view of the resident bytes, waiting for a read in flight or
 //     issuing one (load_wait_seconds); the view stays valid until the handle is released.
 //  6. release(handle) drops the handle's reference; with the last one the buffer is freed, a
@@ -111,7 +113,8 @@ struct stash_options {
     /// direction) when the profiling step ends.
     double tier_bandwidth = 0;
     std::size_t probe_bytes = std::size_t{16} << 20;
-    /// Layers ahead of the current backward layer that prefetch brings back.
+    /// Offloading layers ahead of the current backward layer that prefetch always brings
+    /// back (more when memory the step already used is free; see step 4).
     std::size_t prefetch_layers = 2;
     std::size_t write_threads = 1;  // >= 1: each runs one write at a time
     std::size_t read_threads = 1;   // >= 1
@@ -482,6 +485,7 @@ private:
     struct layer_record {
         std::uint32_t id = 0;
         layer_profile profile;
+        bool offloads = false;  // some tensor of this layer was queued for a write
     };
 
     static double seconds_since(clock::time_point t) {
@@ -902,6 +906,7 @@ private:
     // ---- writes -----------------------------------------------------------------------
 
     void queue_write(entry& e) {
+        if (e.step == step_ && e.position < layers_.size()) layers_[e.position].offloads = true;
         ++writes_pending_;
         writer_->submit([this, id = e.id] { run_write(id); });
     }
@@ -1009,10 +1014,21 @@ private:
 
     // ---- reads and prefetch -----------------------------------------------------------
 
+    // The lowest layer position of the prefetch window: the current backward layer and the
+    // prefetch_layers layers below it that offload anything (layers kept in memory need no
+    // reads, so they do not use up the window).
+    std::size_t window_low() const {
+        std::size_t pos = std::min(backward_position_, layers_.size()), io = 0;
+        while (pos > 0 && io < opt_.prefetch_layers) {
+            --pos;
+            if (layers_[pos].offloads) ++io;
+        }
+        return pos;
+    }
+
     bool in_prefetch_window(const entry& e) const {
         if (phase_ != phase::backward || e.step != step_) return false;
-        std::size_t lo = backward_position_ > opt_.prefetch_layers ? backward_position_ - opt_.prefetch_layers : 0;
-        return e.position >= lo;
+        return e.position >= window_low();
     }
 
     // Reads `e` back on a reader thread. With reserved::yes the caller already charged its
@@ -1062,11 +1078,14 @@ private:
         cv_.notify_all();
     }
 
-    // Issues the prefetches the current backward position calls for, newest save first;
-    // stops at the first read the budget has no room for (retried when room is freed).
+    // Issues the prefetches the current backward position calls for, newest save first:
+    // every tensor of the window (within the budget), then further tensors while the bytes
+    // held stay within the high-water mark the step already reached (memory that is there
+    // anyway: reading ahead into it costs no peak). Stops at the first read that has no
+    // room (retried when room is freed).
     void prefetch() {
         if (phase_ != phase::backward || shutting_down_) return;
-        std::size_t lo = backward_position_ > opt_.prefetch_layers ? backward_position_ - opt_.prefetch_layers : 0;
+        const std::size_t lo = window_low();
         while (cursor_ > 0) {
             auto it = entries_.find(order_[cursor_ - 1]);
             if (it == entries_.end() || it->second->refs == 0) {
@@ -1074,11 +1093,14 @@ private:
                 continue;
             }
             entry& e = *it->second;
-            if (e.position < lo) return;
+            const bool ahead = e.position < lo;
             if (e.state == entry_state::queued) {
-                cancel_write(e);
+                cancel_write(e);  // resident already: keeping it costs nothing
+            } else if (e.state == entry_state::writing && ahead) {
+                return;  // its completion frees the buffer and calls prefetch() again
             } else if (e.state == entry_state::offloaded && !e.read_error) {
                 std::size_t charge = charge_of(e.nbytes);
+                if (ahead && resident_ - pool_bytes_ + charge > held_peak_) return;
                 if (!pool_.contains(e.nbytes)) {
                     trim_pool(charge);
                     if (resident_ + charge > opt_.memory_budget) return;
