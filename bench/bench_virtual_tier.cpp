@@ -78,7 +78,7 @@ fs::path fresh_dir(const fs::path& root, const std::string& name) {
 
 fs::path shm_root() {
     std::error_code ec;
-    if (fs::is_directory("/dev/shm", ec)) return fs::path("/dev/shm") / ("spillway-bench-vt-" + std::to_string(::getpid()));
+    if (fs::is_directory("/dev/shm", ec)) return fs::path("/dev/shm") / (std::string("spillway-bench-vt-") + std::to_string(::getpid()));
     return bench::scratch_dir() / "vt-shm";  // no tmpfs: the paths share the disk (reported)
 }
 
@@ -101,9 +101,9 @@ struct paths {
         const double rates[] = {1e9, 0.5e9};
         for (std::size_t i = 1; i < count; ++i) {
             file_tier_options so;
-            so.name = "shm" + std::to_string(i);
+            so.name = std::string("shm") + std::to_string(i);
             shm.push_back(std::make_unique<shm_path>(rate(bench::smoke() ? 4 * rates[i - 1] : rates[i - 1]), std::in_place,
-                                                     fresh_dir(shm_root(), "p" + std::to_string(i)), so));
+                                                     fresh_dir(shm_root(), std::string("p") + std::to_string(i)), so));
         }
     }
     ~paths() {
@@ -117,10 +117,10 @@ struct paths {
 template <class Tier>
 double alone(Tier& tier, const sizes& sz, std::vector<std::byte>& buf) {
     auto t0 = clock_type::now();
-    for (std::size_t k = 0; k < sz.keys; ++k) tier.write("alone-" + std::to_string(k), buf).wait();
-    for (std::size_t k = 0; k < sz.keys; ++k) tier.read("alone-" + std::to_string(k), buf).wait();
+    for (std::size_t k = 0; k < sz.keys; ++k) tier.write(std::string("alone-") + std::to_string(k), buf).wait();
+    for (std::size_t k = 0; k < sz.keys; ++k) tier.read(std::string("alone-") + std::to_string(k), buf).wait();
     double secs = seconds_since(t0);
-    for (std::size_t k = 0; k < sz.keys; ++k) tier.erase("alone-" + std::to_string(k));
+    for (std::size_t k = 0; k < sz.keys; ++k) tier.erase(std::string("alone-") + std::to_string(k));
     return static_cast<double>(2 * sz.keys * sz.blob) / secs;
 }
 
@@ -128,7 +128,7 @@ double alone(Tier& tier, const sizes& sz, std::vector<std::byte>& buf) {
 template <class VT>
 double vt_pass(VT& vt, const sizes& sz, std::vector<std::vector<std::byte>>& bufs) {
     std::vector<std::string> names;
-    for (std::size_t k = 0; k < sz.keys; ++k) names.push_back("key-" + std::to_string(k));
+    for (std::size_t k = 0; k < sz.keys; ++k) names.push_back(std::string("key-") + std::to_string(k));
     std::vector<write_request> w;
     std::vector<read_request> r;
     for (std::size_t k = 0; k < sz.keys; ++k) {
@@ -170,7 +170,7 @@ void run_aggregate(benchmark::State& state, VT& vt, paths& p, const sizes& sz) {
     state.SetBytesProcessed(static_cast<std::int64_t>(vt_bytes));
     state.counters["limit_bytes_per_second"] = limit_sum / n;
     state.counters["vs_limit"] = agg / (limit_sum / n);
-    for (std::size_t i = 0; i < alone_bw.size(); ++i) state.counters["B" + std::to_string(i + 1)] = alone_bw[i] / n;
+    for (std::size_t i = 0; i < alone_bw.size(); ++i) state.counters[std::string("B") + std::to_string(i + 1)] = alone_bw[i] / n;
     std::string label;
     for (auto& r : vt.report()) label += r.name + ":" + std::to_string(r.keys) + " ";
     state.SetLabel("keys per path " + label);
@@ -220,7 +220,7 @@ bool offload(const fs::path& dir, const fs::path& lock_dir, const sizes& sz, std
     for (int round = 0; round < 2; ++round) {
         for (int phase = 0; phase < 2; ++phase) {
             for (std::size_t k = 0; k < sz.keys; ++k) {
-                auto key = "b" + std::to_string(k);
+                auto key = std::string("b") + std::to_string(k);
                 auto t0 = clock_type::now();
                 if (phase == 0) vt.write(key, buf).wait();
                 else vt.read(key, buf).wait();
@@ -241,7 +241,7 @@ contention_result contend(int procs, const sizes& sz) {
     std::vector<pid_t> pids;
     std::vector<int> result_fds;
     for (int p = 0; p < procs; ++p) {
-        auto dir = fresh_dir(root, "proc" + std::to_string(p));
+        auto dir = fresh_dir(root, std::string("proc") + std::to_string(p));
         int out[2];
         if (::pipe(out) != 0) return res;
         pid_t pid = ::fork();

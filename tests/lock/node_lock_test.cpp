@@ -362,7 +362,7 @@ TEST_CASE("node_lock: lock files are 0600 regular files, never followed through 
 TEST_CASE("node_lock: the default directory is node-local and path_locks names two files") {
     auto def = default_lock_directory();
     CHECK(fs::is_directory(def));
-    std::string unique = "test-" + std::to_string(::getpid()) + "-" +
+    std::string unique = std::string("test-") + std::to_string(::getpid()) + "-" +
                          std::to_string(clock_type::now().time_since_epoch().count());
     {
         node_lock l(unique);

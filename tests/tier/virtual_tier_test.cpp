@@ -28,7 +28,7 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
 
-std::string key_of(std::size_t i) { return "k" + std::to_string(i); }
+std::string key_of(std::size_t i) { return std::string("k") + std::to_string(i); }
 
 template <class Tier>
 void put(Tier& t, const std::string& key, const std::vector<std::byte>& data) {
@@ -117,7 +117,7 @@ TEST_CASE("virtual_tier: a run-time list of children of one type") {
     }
     SUBCASE("from a count and a factory") {
         virtual_tier<null_lock, std::vector<host_tier>> vt(fixed({2, 1}), 2, [](std::size_t i) {
-            return host_tier(SIZE_MAX, "path" + std::to_string(i));
+            return host_tier(SIZE_MAX, std::string("path") + std::to_string(i));
         });
         for (std::size_t i = 0; i < 9; ++i) put(vt, key_of(i), data);
         CHECK(keys_per_child(vt) == std::vector<std::size_t>{6, 3});
@@ -162,22 +162,26 @@ TEST_CASE("virtual_tier: placement follows the given bandwidth ratio exactly") {
 
 TEST_CASE("virtual_tier: the construction probe measures each child") {
     // Two throttled children, 4:1. The probe's warm-up transfer absorbs the bucket's burst.
-    // Rates are low enough that a debug or sanitizer build's copies stay far below them.
-    const double fast = 40e6, slow = 10e6;
+    // Rates are low enough (26 and 105 ms per transfer) that a debug or sanitizer build's
+    // copies and a busy machine's scheduling delays (a few ms per transfer at a load of 12 on
+    // two cores) stay small beside them.
+    const double fast = 10e6, slow = 2.5e6;
     const std::size_t probe = 256 * KiB;
     virtual_tier_options o;
     o.probe_nbytes = probe;
     virtual_tier<thread_lock, throttled_host, throttled_host> vt(o, child_args(limit(fast, 64 * KiB), std::in_place),
                                                                  child_args(limit(slow, 64 * KiB), std::in_place));
     auto r = vt.report();
-    CHECK(r[0].write_bandwidth > 0.6 * fast);
-    CHECK(r[0].write_bandwidth < 1.3 * fast);
-    CHECK(r[1].write_bandwidth > 0.6 * slow);
-    CHECK(r[1].write_bandwidth < 1.3 * slow);
-    CHECK(r[0].read_bandwidth > 0.6 * fast);
+    MESSAGE("probed: " << r[0].write_bandwidth / 1e6 << " and " << r[1].write_bandwidth / 1e6 << " MB/s written, "
+                       << r[0].read_bandwidth / 1e6 << " and " << r[1].read_bandwidth / 1e6 << " MB/s read");
+    CHECK(r[0].write_bandwidth > 0.5 * fast);
+    CHECK(r[0].write_bandwidth < 1.5 * fast);
+    CHECK(r[1].write_bandwidth > 0.5 * slow);
+    CHECK(r[1].write_bandwidth < 1.5 * slow);
+    CHECK(r[0].read_bandwidth > 0.5 * fast);
     double ratio = r[0].weight / r[1].weight;
-    CHECK(ratio > 3.0);
-    CHECK(ratio < 5.3);
+    CHECK(ratio > 2.5);
+    CHECK(ratio < 6.0);
     CHECK(vt.child<0>().used() == 0);  // the probe blob is gone
     CHECK(vt.child<1>().used() == 0);
     auto split = vt.target_split(20);
@@ -202,11 +206,12 @@ double pass(Tier& vt, std::size_t keys, const std::vector<std::byte>& data) {
 }  // namespace
 
 TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recovers within two passes") {
-    // Throttle-bound (a pass takes 0.1 to 0.5 s of mostly waiting), so the figures hold in
-    // debug and sanitizer builds and on a busy machine.
-    const std::size_t blob = 256 * KiB;
-    const double rate = 40e6;
-    const std::size_t keys = 40;
+    // Throttle-bound (26 ms per transfer on the fast path, 105 ms on the slowed one; a pass
+    // is 0.25 to 0.45 s of mostly waiting), so the figures hold in debug and sanitizer
+    // builds and on a busy machine.
+    const std::size_t blob = 128 * KiB;
+    const double rate = 5e6;
+    const std::size_t keys = 20;
     auto data = random_bytes(blob, 4);
     auto make_opts = [&](placement_mode mode) {
         virtual_tier_options o = fixed({1, 1});
@@ -226,7 +231,7 @@ TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recover
     for (int p = 0; p < 2; ++p) before = pass(vt, keys, data);
     MESSAGE("before: " << before / 1e6 << " MB/s of an ideal " << 2 * rate / 1e6);
     CHECK(before > 0.8 * 2 * rate);
-    CHECK(keys_per_child(vt) == std::vector<std::size_t>{20, 20});
+    CHECK(keys_per_child(vt) == std::vector<std::size_t>{10, 10});
 
     // Path b slows to a quarter.
     vt.child<1>().set_rate(bandwidth_limit{rate / 4, blob});
@@ -238,8 +243,8 @@ TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recover
                              << keys_per_child(vt)[0] << "/" << keys_per_child(vt)[1]);
     CHECK(second >= 0.9 * ideal);
     auto split = keys_per_child(vt);
-    CHECK(split[1] >= 6);  // about 40 / 5 = 8 keys stay on the slow path
-    CHECK(split[1] <= 10);
+    CHECK(split[1] >= 3);  // about 20 / 5 = 4 keys stay on the slow path
+    CHECK(split[1] <= 5);
 
     // Without adaptation the fixed 1:1 split is held back by the slow path (proves that the
     // check above measures something).
@@ -430,7 +435,7 @@ TEST_CASE("virtual_tier: many threads, mixed sizes, every blob round-trips; stat
     for (int t = 0; t < threads; ++t)
         ts.emplace_back([&, t] {
             for (int k = 0; k < per; ++k) {
-                auto key = "t" + std::to_string(t) + "-" + std::to_string(k);
+                auto key = std::string("t") + std::to_string(t) + "-" + std::to_string(k);
                 auto data = random_bytes(1 + static_cast<std::size_t>(t * 977 + k * 131), static_cast<std::uint64_t>(t * 100 + k));
                 vt.write(key, data).wait();
                 std::vector<std::byte> back(data.size());

@@ -25,12 +25,12 @@ namespace spillway {
 
 /// Shares of `count` items proportional to `bandwidths` (any unit; only ratios matter).
 inline std::vector<std::size_t> split_by_bandwidth(std::size_t count, std::span<const double> bandwidths) {
-    expect_argument(!bandwidths.empty(), "split_by_bandwidth: no paths to split " + std::to_string(count) + " items over");
+    expect_argument(!bandwidths.empty(), std::string("split_by_bandwidth: no paths to split ") + std::to_string(count) + " items over");
     long double total = 0;
     for (std::size_t i = 0; i < bandwidths.size(); ++i) {
         double b = bandwidths[i];
         expect_argument(std::isfinite(b) && b >= 0,
-                        "split_by_bandwidth: bandwidth of path " + std::to_string(i) + " is " + std::to_string(b) +
+                        std::string("split_by_bandwidth: bandwidth of path ") + std::to_string(i) + " is " + std::to_string(b) +
                             "; it must be a finite number >= 0");
         total += b;
     }

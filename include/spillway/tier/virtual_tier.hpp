@@ -245,7 +245,7 @@ public:
 
     explicit vt_children(std::vector<std::unique_ptr<C>> owned) : owned_(std::move(owned)) {
         for (std::size_t i = 0; i < owned_.size(); ++i)
-            expect_argument(owned_[i] != nullptr, "virtual_tier: child " + std::to_string(i) + " is a null pointer");
+            expect_argument(owned_[i] != nullptr, std::string("virtual_tier: child ") + std::to_string(i) + " is a null pointer");
     }
     [[nodiscard]] std::size_t size() const noexcept { return owned_.size(); }
     template <class F>
@@ -611,7 +611,7 @@ private:
             if (buf.empty()) continue;
             std::string key;
             for (int n = 0;; ++n) {
-                key = "spillway-probe-" + std::to_string(::getpid()) + "-" + std::to_string(n);
+                key = std::string("spillway-probe-") + std::to_string(::getpid()) + "-" + std::to_string(n);
                 if (!children_.visit(i, [&](auto& c) { return c.contains(key); })) break;
             }
             // One warm-up transfer, then `timed` timed ones each way: the warm-up absorbs first-
@@ -817,12 +817,12 @@ private:
         std::string s;
         for (std::size_t i = 0; i < slots_.size(); ++i)
             if (slots_[i]->health == child_health::degraded)
-                s += "; child " + std::to_string(i) + " (" + spillway::quoted(slots_[i]->name) + ") is degraded: " + slots_[i]->fault;
+                s += std::string("; child ") + std::to_string(i) + " (" + spillway::quoted(slots_[i]->name) + ") is degraded: " + slots_[i]->fault;
         return s;
     }
 
     std::string child_label(std::size_t i) const {
-        return "child " + std::to_string(i) + " (" + spillway::quoted(slots_[i]->name) + ")";
+        return std::string("child ") + std::to_string(i) + " (" + spillway::quoted(slots_[i]->name) + ")";
     }
 
     /// Folds the moved-bytes counters of child i into its moving averages (under mutex_).
@@ -945,7 +945,12 @@ private:
         if (!error) {
             update_estimate(op.child, op.dir);
             if (op.dir == io_direction::read) return succeed(op, n, lock);
-            auto& e = index_[op.key];
+            auto it = index_.find(op.key);
+            if (it == index_.end()) {  // erased while the write was in flight: the write wins
+                it = index_.emplace(op.key, entry{}).first;
+                ++s.keys;
+            }
+            auto& e = it->second;
             auto old = e.home;
             e.home = op.child;
             e.target.reset();
