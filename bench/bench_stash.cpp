@@ -111,7 +111,7 @@ void run(benchmark::State& state, Tier& tier, const schedule& s, split_mode mode
     stash_options opts;
     opts.split = mode;
     opts.keep_below_bytes = 0;
-    opts.pool_limit = 4 * s.bytes;
+    opts.pool_limit = s.bytes;
     opts.prefetch_layers = 2;
     opts.probe_bytes = bench::smoke() ? s.bytes : std::max<std::size_t>(s.bytes, 4 * MiB);
     activation_stash<Tier> stash(tier, opts);

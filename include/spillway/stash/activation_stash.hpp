@@ -35,7 +35,9 @@
 //     same identity gains a reference (bytes_deduplicated) and its handle is returned.
 //     Otherwise the stash takes room under the budget (waiting for writes, or writing this
 //     tensor synchronously when nothing can make room), copies or adopts the bytes, and
-//     decides: keep (small, kept layer, profiling step) or offload (queue a write).
+//     decides: keep (small, or in a kept layer) or offload (queue a write). The profiling
+//     step of the adaptive split offloads every tensor above the threshold, so that it needs
+//     no more memory than offloading does.
 //  2. A writer thread writes the queued tensor to the tier under the key
 //     "<key_prefix>-<stash serial>-<entry>". When the write completes, the resident buffer is
 //     freed (returned to the pool), unless backward already took the tensor or it lies in the
@@ -93,7 +95,7 @@ namespace spillway {
 
 /// How the stash chooses which layers stay in memory.
 enum class split_mode {
-    adaptive,     // first step profiles (keeps everything), then TBA's rule picks the split
+    adaptive,     // first step profiles (offloads everything), then TBA's rule picks the split
     fixed,        // layers from stash_options::first_kept_layer on are kept
     offload_all,  // every tensor above keep_below_bytes is offloaded
     keep_all,     // nothing is offloaded (the baseline, or a switch to turn offload off)
@@ -694,7 +696,7 @@ private:
             case split_mode::keep_all: return false;
             case split_mode::offload_all: return true;
             case split_mode::adaptive:
-                if (!plan_.planned) return false;  // the profiling step keeps everything
+                if (!plan_.planned) return true;  // the profiling step offloads everything
                 return position < first_kept_;
             case split_mode::fixed: return position < first_kept_;
         }
@@ -800,7 +802,10 @@ private:
     // what the stash already needed (the high-water mark of held bytes) plus pool_limit are
     // given back first.
     void account(std::size_t charge) {
-        while (!pool_.empty() && resident_ + charge > held_peak_ + opt_.pool_limit) {
+        auto allowed = [&] {  // resident bytes the pool may keep us at after this charge
+            return std::max(held_peak_, resident_ - pool_bytes_ + charge + opt_.pool_limit);
+        };
+        while (!pool_.empty() && resident_ + charge > allowed()) {
             auto it = std::prev(pool_.end());
             pool_bytes_ -= it->second.capacity();
             resident_ -= it->second.capacity();
