@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +77,7 @@ struct row_result {
     double update_s = 0, read_wait_s = 0, compute_s = 0, write_wait_s = 0, handover_s = 0;
     double bytes_read = 0, bytes_written = 0, served = 0, floor_s = 0;
     std::string note;
+    std::string error;  // non-empty: the row failed
 };
 
 struct bandwidths {
@@ -273,6 +275,11 @@ row_result run_two_processes(host_data& data, const shape& sh, const paths& p, c
         double secs, read_wait, compute, write_wait, bytes_read, bytes_written, served;
         int ok;
     };
+    // A worker that dies must fail the row, not kill the benchmark with SIGPIPE.
+    struct sigpipe_guard {
+        void (*old)(int) = std::signal(SIGPIPE, SIG_IGN);
+        ~sigpipe_guard() { std::signal(SIGPIPE, old); }
+    } no_sigpipe;
     int to_parent[2], from_parent[workers][2];
     if (::pipe(to_parent) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
     std::vector<pid_t> pids;
@@ -320,6 +327,10 @@ row_result run_two_processes(host_data& data, const shape& sh, const paths& p, c
                 std::fprintf(stderr, "worker %d: %s\n", w, e.what());
                 m.ok = -1;
             }
+            // The summary goes out only when the parent asks, so it never interleaves with
+            // another worker's per-call message.
+            char ask = 0;
+            if (m.ok > 0 && ::read(from_parent[w][0], &ask, 1) != 1) std::_Exit(6);
             if (::write(to_parent[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) std::_Exit(5);
             std::_Exit(m.ok > 0 ? 0 : 1);
         }
@@ -343,6 +354,8 @@ row_result run_two_processes(host_data& data, const shape& sh, const paths& p, c
         if (call > 0) walls.push_back(std::chrono::duration<double>(clk::now() - t0).count());
     }
     for (int w = 0; w < workers && !failed; ++w) {
+        char ask = 2;
+        if (::write(from_parent[w][1], &ask, 1) != 1) failed = true;
         msg m{};
         if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 2) {
             failed = true;
@@ -357,12 +370,14 @@ row_result run_two_processes(host_data& data, const shape& sh, const paths& p, c
     }
     for (int w = 0; w < workers; ++w) ::close(from_parent[w][1]);
     ::close(to_parent[0]);
+    std::string why;
     for (auto pid : pids) {
         int st = 0;
         ::waitpid(pid, &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = true;
+        if (WIFSIGNALED(st)) why += " worker killed by signal " + std::to_string(WTERMSIG(st)) + ";";
+        else if (WIFEXITED(st) && WEXITSTATUS(st) != 0) why += " worker exit status " + std::to_string(WEXITSTATUS(st)) + ";";
     }
-    if (failed) throw std::runtime_error("a node_lock worker process failed (see its message above)");
+    if (failed || !why.empty()) throw std::runtime_error("a node_lock worker process failed:" + why + " (see stderr)");
     r.update_s = median(walls);
     r.note = "wall time of both workers; waits are the slower worker's";
     return r;
@@ -406,55 +421,79 @@ results& the_results() {
             const double blob = 12.0 * static_cast<double>(sh.subgroup_size);
             const double n = static_cast<double>(sh.subgroups);
 
-            auto single = [&](const char* name, pipeline_options opt) {
+            // Each row runs on its own; a failing row is reported and the others still run.
+            // SPILLWAY_UPDATE_PHASE_ROWS (e.g. "1,5") picks rows (1-based) for debugging.
+            const char* pick = std::getenv("SPILLWAY_UPDATE_PHASE_ROWS");
+            auto wanted = [&](int row) {
+                return !pick || !*pick || std::string(",") .append(pick).append(",").find("," + std::to_string(row) + ",") != std::string::npos;
+            };
+            auto guarded = [&](int row, const char* name, auto&& fn) {
+                row_result r;
+                if (wanted(row)) {
+                    auto t0 = clk::now();
+                    try {
+                        r = fn();
+                    } catch (const std::exception& e) {
+                        r.error = e.what();
+                    }
+                    std::fprintf(stderr, "[update_phase] row %d %s: %s (%.1f s)\n", row, name,
+                                 r.error.empty() ? "done" : r.error.c_str(),
+                                 std::chrono::duration<double>(clk::now() - t0).count());
+                } else {
+                    r.error = "not selected (SPILLWAY_UPDATE_PHASE_ROWS)";
+                }
+                r.name = name;
+                out.rows.push_back(r);
+            };
+            auto single = [&](pipeline_options opt) {
                 file_tier<> disk(p.disk, disk_options("disk"));
                 run_spec spec{opt, sh.params(), 0, sh.budget_bytes(), sh.timed_calls};
-                auto r = run_in_process(disk, data, sh, spec);
-                r.name = name;
-                return r;
+                return run_in_process(disk, data, sh, spec);
             };
             pipeline_options base;
             base.order = subgroup_order::ascending;
             base.resident = resident_policy::none;
             base.gradients = gradient_path::fp32_on_tier;
-            auto r1 = single("baseline", base);
-            r1.floor_s = (n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size) + n * blob) / bw.disk_total();
-            out.rows.push_back(r1);
-
             pipeline_options lazy = base;
             lazy.gradients = gradient_path::lazy_widening;
-            auto r2 = single("+lazy_widening", lazy);
-            r2.floor_s = 2 * n * blob / bw.disk_total();
-            out.rows.push_back(r2);
-
             pipeline_options full = lazy;
             full.order = subgroup_order::alternating;
             full.resident = resident_policy::keep_last_updated;
-            auto r3 = single("+alternating_resident", full);
             const double resident = static_cast<double>(std::min(sh.budget_buffers - 3, sh.subgroups));
-            r3.floor_s = 2 * (n - resident) * blob / bw.disk_total();
-            out.rows.push_back(r3);
 
-            {
+            guarded(1, "baseline", [&] {
+                auto r = single(base);
+                r.floor_s = (n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size) + n * blob) / bw.disk_total();
+                return r;
+            });
+            guarded(2, "+lazy_widening", [&] {
+                auto r = single(lazy);
+                r.floor_s = 2 * n * blob / bw.disk_total();
+                return r;
+            });
+            guarded(3, "+alternating_resident", [&] {
+                auto r = single(full);
+                r.floor_s = 2 * (n - resident) * blob / bw.disk_total();
+                return r;
+            });
+            guarded(4, "+second_path", [&] {
                 virtual_tier_options o;
                 o.name = "vt";
                 o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
                 two_path_tier_null vt(o, child_args(p.disk, disk_options("disk")),
                                       child_args(half_of(bw), std::in_place, p.shm, disk_options("shm")));
                 run_spec spec{full, sh.params(), 0, sh.budget_bytes(), sh.timed_calls};
-                auto r4 = run_in_process(vt, data, sh, spec);
-                r4.name = "+second_path";
-                r4.floor_s = 2 * (n - resident) * blob / (1.5 * bw.disk_total());
-                out.rows.push_back(r4);
-            }
-            {
-                auto r5 = run_two_processes(data, sh, p, bw, locks);
-                r5.name = "+node_lock_2proc";
+                auto r = run_in_process(vt, data, sh, spec);
+                r.floor_s = 2 * (n - resident) * blob / (1.5 * bw.disk_total());
+                return r;
+            });
+            guarded(5, "+node_lock_2proc", [&] {
+                auto r = run_two_processes(data, sh, p, bw, locks);
                 const double per_worker_resident =
                     static_cast<double>(std::min(sh.budget_buffers / 2 - 3, sh.subgroups / 2));
-                r5.floor_s = 2 * (n - 2 * per_worker_resident) * blob / (1.5 * bw.disk_total());
-                out.rows.push_back(r5);
-            }
+                r.floor_s = 2 * (n - 2 * per_worker_resident) * blob / (1.5 * bw.disk_total());
+                return r;
+            });
         } catch (const std::exception& e) {
             out.error = e.what();
         }
@@ -479,6 +518,12 @@ void report_row(benchmark::State& state, std::size_t index) {
     }
     const auto& r = res.rows[index];
     const auto& b = res.rows[0];
+    if (!r.error.empty()) {
+        state.SkipWithError(r.error.c_str());
+        for (auto _ : state) {
+        }
+        return;
+    }
     for (auto _ : state) state.SetIterationTime(r.update_s);
     state.counters["update_s"] = r.update_s;
     state.counters["read_wait_s"] = r.read_wait_s;
@@ -489,8 +534,10 @@ void report_row(benchmark::State& state, std::size_t index) {
     state.counters["bytes_written"] = r.bytes_written;
     state.counters["bytes_moved"] = r.bytes_read + r.bytes_written + (index == 0 ? 4.0 * static_cast<double>(res.sh.params()) : 0.0);
     state.counters["served_resident"] = r.served;
-    state.counters["speedup"] = b.update_s / r.update_s;
-    state.counters["speedup_with_handover"] = (b.update_s + b.handover_s) / (r.update_s + r.handover_s);
+    if (b.error.empty()) {  // the baseline ran
+        state.counters["speedup"] = b.update_s / r.update_s;
+        state.counters["speedup_with_handover"] = (b.update_s + b.handover_s) / (r.update_s + r.handover_s);
+    }
     state.counters["floor_s"] = r.floor_s;
     state.counters["vs_limit"] = r.floor_s / r.update_s;
     state.counters["state_GiB"] = 12.0 * static_cast<double>(res.sh.params()) / static_cast<double>(1u << 30);
