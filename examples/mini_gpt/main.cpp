@@ -5,29 +5,41 @@
 #include <string>
 #include <vector>
 
+#include "dist.hpp"
 #include "llmc_format.hpp"
 #include "trainer.hpp"
 
+namespace {
+/// Prints the error; under MPI with several ranks the others may be waiting in a collective,
+/// so the whole job is aborted with the same status.
+int fail(int status, const char* kind, const char* what) {
+    std::cerr << "mini_gpt: " << kind << ": " << what << "\n";
+    if (mini_gpt::dist::size() > 1) mini_gpt::dist::abort(status);
+    mini_gpt::dist::finalize();
+    return status;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+    mini_gpt::dist::init(&argc, &argv);
     std::vector<std::string> args(argv + 1, argv + argc);
     for (const auto& a : args) {
         if (a == "--help" || a == "-h") {
-            std::cout << mini_gpt::usage_text();
+            if (mini_gpt::dist::rank() == 0) std::cout << mini_gpt::usage_text();
+            mini_gpt::dist::finalize();
             return 0;
         }
     }
     try {
         mini_gpt::options opt = mini_gpt::parse_options(args);
         mini_gpt::train(opt, std::cout);
+        mini_gpt::dist::finalize();
         return 0;
     } catch (const mini_gpt::input_error& e) {
-        std::cerr << "mini_gpt: error: " << e.what() << "\n";
-        return 2;
+        return fail(2, "error", e.what());
     } catch (const std::invalid_argument& e) {
-        std::cerr << "mini_gpt: error: " << e.what() << "\n";
-        return 2;
+        return fail(2, "error", e.what());
     } catch (const std::exception& e) {
-        std::cerr << "mini_gpt: failed: " << e.what() << "\n";
-        return 1;
+        return fail(1, "failed", e.what());
     }
 }

@@ -17,9 +17,11 @@
 #include <thread>
 #include <variant>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "corpus.hpp"
+#include "dist.hpp"
 #include "gpt2.hpp"
 #include "llmc_format.hpp"
 #include "optimizer.hpp"
@@ -155,7 +157,7 @@ Usage: mini_gpt [flags]
   --offload M         none | optimizer | activations | all
   --path DIR          a storage path for offloaded state (repeatable; default: a temp dir)
   --subgroup N        parameters per optimizer subgroup (default 65536)
-  --buffers N         host buffers of the update pipeline (default 4, at least 3)
+  --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
   --resume DIR        continue from the latest save in DIR
   --save-model FILE   write an llm.c checkpoint after the last step
@@ -227,9 +229,12 @@ options parse_options(const std::vector<std::string>& args) {
 namespace {
 
 void fsync_dir(const std::filesystem::path& dir) {
-    // Best effort: make the renames inside `dir` durable.
-    std::FILE* f = std::fopen(dir.c_str(), "r");
-    if (f) std::fclose(f);
+    // Makes the renames inside `dir` durable (best effort: an error here loses nothing).
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        ::fsync(fd);
+        ::close(fd);
+    }
 }
 
 /// Makes sure `dir` exists and is writable; throws input_error naming it otherwise.
@@ -238,7 +243,7 @@ void ensure_writable_dir(const std::filesystem::path& dir, const char* flag) {
     std::filesystem::create_directories(dir, ec);
     if (ec) throw input_error(dir.string() + ": cannot create " + flag + " directory: " + ec.message());
     if (!std::filesystem::is_directory(dir)) throw input_error(dir.string() + ": " + flag + " is not a directory");
-    auto probe = dir / ".mini_gpt-probe";
+    auto probe = dir / (".mini_gpt-probe-" + std::to_string(::getpid()));
     try {
         std::vector<std::byte> one(1);
         write_file_atomic(probe, one);
@@ -256,7 +261,7 @@ void ensure_writable_file(const std::filesystem::path& path, const char* flag) {
         throw input_error(path.string() + ": " + flag + " cannot be written: " + dir.string() +
                           " is not a directory");
     auto probe = path;
-    probe += ".probe";
+    probe += ".probe-" + std::to_string(::getpid());
     try {
         std::vector<std::byte> one(1);
         write_file_atomic(probe, one);
@@ -303,10 +308,16 @@ void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B,
     }
 }
 
-std::vector<float> train(const options& opt, std::ostream& out) {
-    // 1. Threads: ours for every kernel; OpenBLAS single-threaded inside each slice.
+std::vector<float> train(const options& opt, std::ostream& rank0_out) {
+    // 1. Ranks (dist.hpp) and threads: ours for every kernel, OpenBLAS single-threaded inside
+    //    each slice; by default the node's cores are shared among its ranks.
+    const int rank = dist::rank(), nranks = dist::size();
+    std::ostringstream discard;
+    std::ostream& out = rank == 0 ? rank0_out : discard;
     openblas_set_num_threads(1);
-    int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    int threads = opt.threads > 0 ? opt.threads
+                                  : std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) /
+                                                    dist::local_size());
     spillway::detail::thread_pool pool(static_cast<std::size_t>(threads - 1));
 
     // 2. The model.
@@ -354,6 +365,12 @@ std::vector<float> train(const options& opt, std::ostream& out) {
     }
     const int B = opt.batch, T = opt.seq;
     std::size_t BT = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
+    if (B < nranks)
+        throw input_error("--batch " + std::to_string(B) + " is smaller than the number of ranks (" +
+                          std::to_string(nranks) + "): every rank needs at least one row");
+    // This rank's rows of every global batch.
+    const int row0 = static_cast<int>(static_cast<long long>(B) * rank / nranks);
+    const int rows = static_cast<int>(static_cast<long long>(B) * (rank + 1) / nranks) - row0;
     if (tokens.size() < BT + 1)
         throw input_error(data_name + ": " + std::to_string(tokens.size()) + " tokens, fewer than one batch needs (" +
                           std::to_string(BT + 1) + " for --batch " + std::to_string(B) + " --seq " +
@@ -386,12 +403,23 @@ std::vector<float> train(const options& opt, std::ostream& out) {
     os.pool = &pool;
     os.recorder = recorder.get();
     os.key_prefix = "optim-" + process_tag;
-    std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, model.params().size())
-                                                   : make_memory_optimizer(os, model.params().size());
-    std::size_t block_floats = layer_acts::floats(config, B, T);
+    // This rank's shard of the optimizer: a contiguous run of whole subgroups.
+    const std::size_t nparams = model.params().size();
+    const std::size_t nsub = (nparams + opt.subgroup - 1) / opt.subgroup;
+    if (nsub < static_cast<std::size_t>(nranks))
+        throw input_error("--subgroup " + std::to_string(opt.subgroup) + " gives " + std::to_string(nsub) +
+                          " subgroups, fewer than the " + std::to_string(nranks) + " ranks that share them");
+    std::vector<std::size_t> shard(static_cast<std::size_t>(nranks) + 1);
+    for (int r = 0; r <= nranks; ++r)
+        shard[static_cast<std::size_t>(r)] =
+            std::min(nparams, nsub * static_cast<std::size_t>(r) / static_cast<std::size_t>(nranks) * opt.subgroup);
+    const std::size_t lo = shard[static_cast<std::size_t>(rank)], hi = shard[static_cast<std::size_t>(rank) + 1];
+    std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, hi - lo) : make_memory_optimizer(os, hi - lo);
+    std::size_t block_floats = layer_acts::floats(config, rows, T);
     std::unique_ptr<activation_store> store;
-    if (offload_act) store = make_offloading_store(config, B, T, {paths.front(), "act-" + process_tag, recorder.get()});
-    else store = std::make_unique<in_memory_store>(config, B, T);
+    if (offload_act) store = make_offloading_store(config, rows, T, {paths.front(), "act-" + process_tag, recorder.get()});
+    else store = std::make_unique<in_memory_store>(config, rows, T);
+    const std::string shard_name = "shard-" + std::to_string(rank) + "-of-" + std::to_string(nranks);
 
     // 6. Resume.
     train_state state;
@@ -408,9 +436,11 @@ std::vector<float> train(const options& opt, std::ostream& out) {
             throw input_error((dir / "model.bin").string() + ": the saved model's config differs from this run's");
         std::copy(ck.params.begin(), ck.params.end(), model.params().begin());
         state = read_state(dir / "train.state");
-        optim->load(dir, model.params());
+        if (!std::filesystem::is_directory(dir / shard_name))
+            throw input_error((dir / shard_name).string() + ": missing (was the save made with another number of ranks?)");
+        optim->load(dir / shard_name, model.params().subspan(lo, hi - lo));
     } else {
-        optim->init(model.params());
+        optim->init(model.params().subspan(lo, hi - lo));
     }
 
     // 7. Train.
@@ -423,27 +453,34 @@ std::vector<float> train(const options& opt, std::ostream& out) {
     double flops_tok = flops_per_token(config, T);
     struct totals_t {
         double fwd = 0, bwd = 0, upd = 0, io = 0, total = 0;
-        std::size_t act_peak = 0;
+        std::size_t act_peak = 0;        // after the first step (the stash profiles on it)
+        std::size_t act_peak_first = 0;  // the first step
         int steps = 0, skipped = 0;
     } totals;
     float first_loss = NAN, last_loss = NAN;
     if (!opt.json && !opt.quiet) {
         out << "mini_gpt: L=" << config.num_layers << " C=" << config.channels << " NH=" << config.num_heads
             << " V=" << config.vocab_size << " (padded " << config.padded_vocab_size << ") maxT=" << config.max_seq_len
-            << ", " << model.params().size() << " params; B=" << B << " T=" << T << ", " << threads
-            << " threads, grads " << dtype_name(opt.grads) << ", offload " << offload_name(opt.offload) << ", data "
+            << ", " << model.params().size() << " params; B=" << B << " T=" << T << ", " << nranks << " rank(s) x "
+            << threads << " threads, grads " << dtype_name(opt.grads) << ", offload " << offload_name(opt.offload) << ", data "
             << data_name << " (" << tokens.size() << " tokens)\n";
     }
     spillway::trace::track_id compute_track = recorder ? recorder->track("trainer") : 0;
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
-        fill_batch(tokens, step, B, T, 0, B, inputs, targets);
+        fill_batch(tokens, step, B, T, row0, rows, inputs, targets);
         store->reset_peak();
         auto tf = clock_type::now();
-        float loss = model.forward(inputs.data(), targets.data(), B, T, *store);
+        float local_loss = model.forward(inputs.data(), targets.data(), rows, T, *store);
         auto tb = clock_type::now();
         model.zero_grad();
-        model.backward(state.loss_scale, *store);
+        // Each rank's loss is the mean over its rows: weighted by rows/B, the gradients summed
+        // over the ranks are those of the global mean.
+        model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), *store);
+        auto ta = clock_type::now();
+        dist::allreduce_sum(model.grads());
+        float loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
+        double comm_ms = ms_since(ta);
         if (recorder) {
             recorder->complete(compute_track, "forward " + std::to_string(step), tf, tb);
             recorder->complete(compute_track, "backward " + std::to_string(step), tb, clock_type::now());
@@ -461,12 +498,16 @@ std::vector<float> train(const options& opt, std::ostream& out) {
             spillway::narrow(std::span<const float>(model.grads()), std::span<spillway::float16>(grads_fp16));
             grads = std::span<const spillway::float16>(grads_fp16);
         }
-        bool finite = all_finite(grads, pool);
+        bool finite = !dist::any(!all_finite(grads, pool));
         double io_wait = model.times().act_wait_ms;
         if (finite) {
             ++state.adam_steps;
-            optim->step(state.adam_steps, state.loss_scale, grads, model.params());
+            grad_span mine = std::visit([&](auto g) -> grad_span { return g.subspan(lo, hi - lo); }, grads);
+            optim->step(state.adam_steps, state.loss_scale, mine, model.params().subspan(lo, hi - lo));
             io_wait += optim->last_io_wait_ms();
+            auto tg = clock_type::now();
+            dist::allgather(model.params(), shard);
+            comm_ms += ms_since(tg);
         }
         // Dynamic loss scaling (fp16 only): halve on overflow, double after 500 good steps.
         if (opt.grads == grad_dtype::fp16) {
@@ -492,7 +533,8 @@ std::vector<float> train(const options& opt, std::ostream& out) {
         totals.upd += upd_ms;
         totals.io += io_wait;
         totals.total += step_ms;
-        totals.act_peak = std::max(totals.act_peak, act_peak);
+        if (totals.steps == 0) totals.act_peak_first = act_peak;
+        else totals.act_peak = std::max(totals.act_peak, act_peak);
         ++totals.steps;
         if (!finite) ++totals.skipped;
         if (opt.json) {
@@ -500,43 +542,54 @@ std::vector<float> train(const options& opt, std::ostream& out) {
             std::snprintf(buf, sizeof buf,
                           "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
                           "\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,\"io_wait_ms\":%.3f,"
-                          "\"loss_scale\":%g,\"skipped\":%s}\n",
+                          "\"comm_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
                           static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak,
-                          model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
+                          model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait, comm_ms,
                           static_cast<double>(state.loss_scale), finite ? "false" : "true");
             out << buf << std::flush;
         } else if (!opt.quiet) {
             char buf[256];
             std::snprintf(buf, sizeof buf,
-                          "step %5lld/%d | loss %.4f | %8.0f tok/s | fwd %7.1f bwd %7.1f upd %6.1f io-wait %6.1f ms%s\n",
+                          "step %5lld/%d | loss %.4f | %8.0f tok/s | fwd %7.1f bwd %7.1f upd %6.1f io-wait %6.1f%s ms%s\n",
                           static_cast<long long>(step + 1), opt.steps, static_cast<double>(loss), tok_s,
                           model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
+                          nranks > 1 ? (" comm " + std::to_string(comm_ms).substr(0, 6)).c_str() : "",
                           finite ? "" : " (overflow: step skipped)");
             out << buf << std::flush;
         }
         if (!opt.save_dir.empty() && (step + 1) % opt.save_every == 0) {
+            // The save protocol above; every rank writes its own optimizer shard.
             auto name = step_folder(step + 1);
             auto tmp = opt.save_dir / (name + ".tmp");
             std::error_code ec;
-            std::filesystem::remove_all(tmp, ec);
-            std::filesystem::create_directories(tmp);
-            write_checkpoint(tmp / "model.bin", config, model.params());
-            optim->save(tmp);
-            write_state(tmp / "train.state", state);
-            std::filesystem::remove_all(opt.save_dir / name, ec);
-            std::filesystem::rename(tmp, opt.save_dir / name);
-            fsync_dir(opt.save_dir);
-            write_file_atomic(opt.save_dir / "latest",
-                              std::as_bytes(std::span<const char>(name.data(), name.size())));
-            for (const auto& e : std::filesystem::directory_iterator(opt.save_dir)) {
-                auto fn = e.path().filename().string();
-                if (fn.rfind("step-", 0) == 0 && fn != name) std::filesystem::remove_all(e.path(), ec);
+            if (rank == 0) {
+                std::filesystem::remove_all(tmp, ec);
+                std::filesystem::create_directories(tmp);
             }
+            dist::barrier();
+            std::filesystem::create_directories(tmp / shard_name);
+            optim->save(tmp / shard_name);
+            dist::barrier();
+            if (rank == 0) {
+                write_checkpoint(tmp / "model.bin", config, model.params());
+                write_state(tmp / "train.state", state);
+                fsync_dir(tmp);
+                std::filesystem::remove_all(opt.save_dir / name, ec);
+                std::filesystem::rename(tmp, opt.save_dir / name);
+                fsync_dir(opt.save_dir);
+                write_file_atomic(opt.save_dir / "latest",
+                                  std::as_bytes(std::span<const char>(name.data(), name.size())));
+                for (const auto& e : std::filesystem::directory_iterator(opt.save_dir)) {
+                    auto fn = e.path().filename().string();
+                    if (fn.rfind("step-", 0) == 0 && fn != name) std::filesystem::remove_all(e.path(), ec);
+                }
+            }
+            dist::barrier();
         }
     }
 
     // 8. The end: --save-model and the summary.
-    if (!opt.save_model.empty()) write_checkpoint(opt.save_model, config, model.params());
+    if (!opt.save_model.empty() && rank == 0) write_checkpoint(opt.save_model, config, model.params());
     if (recorder) {
         try {
             recorder->save(opt.trace);
@@ -560,12 +613,15 @@ std::vector<float> train(const options& opt, std::ostream& out) {
                       "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
                       totals.total / n, totals.fwd / n, totals.bwd / n, totals.upd / n, totals.io / n);
         out << buf;
-        out << "  activations     peak resident " << human_bytes(static_cast<double>(totals.act_peak))
-            << " (all layers kept: "
-            << human_bytes(static_cast<double>(block_floats * sizeof(float) *
-                                               static_cast<std::size_t>(config.num_layers) +
-                                               model.fixed_activation_bytes()))
-            << ")\n";
+        const double all_kept = static_cast<double>(block_floats * sizeof(float) *
+                                                        static_cast<std::size_t>(config.num_layers) +
+                                                    model.fixed_activation_bytes());
+        const double peak = static_cast<double>(totals.steps > 1 ? totals.act_peak : totals.act_peak_first);
+        char line[256];
+        std::snprintf(line, sizeof line, "  activations     peak resident %s, all layers kept %s (%.0f%% lower)%s\n",
+                      human_bytes(peak).c_str(), human_bytes(all_kept).c_str(), 100.0 * (1.0 - peak / all_kept),
+                      totals.steps > 1 ? "; after the first step" : "");
+        out << line;
         out << store->report();
         out << optim->report();
     }

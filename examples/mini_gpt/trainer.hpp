@@ -41,7 +41,7 @@ struct options {
     offload_mode offload = offload_mode::none;  // --offload none|optimizer|activations|all
     std::vector<std::filesystem::path> paths;   // --path DIR (repeatable); default: a temp dir
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
-    int buffers = 4;                   // --buffers N: host buffers of the update pipeline
+    int buffers = 6;                   // --buffers N: host buffers of the update pipeline
     std::filesystem::path save_dir;    // --save DIR
     int save_every = 50;               // --save-every K
     std::filesystem::path resume_dir;  // --resume DIR
