@@ -57,7 +57,7 @@ class tier_env {
 public:
     /// A fresh, empty directory on the disk ($SPILLWAY_TEST_TMPDIR, see temp_dir.hpp).
     std::filesystem::path disk_dir() { return fresh(disk_, [] { return temp_dir("conformance"); }); }
-    /// A fresh, empty directory on /dev/shm (tmpfs: no O_DIRECT, so the buffered path).
+    /// A fresh, empty directory on /dev/shm (tmpfs).
     std::filesystem::path shm_dir() {
         std::error_code ec;
         if (!std::filesystem::is_directory("/dev/shm", ec))
@@ -124,7 +124,8 @@ struct file_disk_factory {
     static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
 };
 
-/// file_tier<> on tmpfs (/dev/shm): O_DIRECT is refused there, so this is the buffered path.
+/// file_tier<> on tmpfs (/dev/shm): kernels before 6.6 refuse O_DIRECT there, so on those
+/// this is the buffered path (the round-trip case says which path ran).
 struct file_shm_factory {
     using tier_type = file_tier<>;
     static std::string name() { return "file(shm)"; }

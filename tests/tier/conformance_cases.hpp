@@ -29,6 +29,9 @@ TEST_CASE_TEMPLATE_DEFINE("conformance: round trips of sizes from 1 byte to the 
     INFO("tier: " << F::name());
     tier_env env;
     auto tier = make<F>(env);
+    if constexpr (requires { tier->direct_io(); tier->direct_io_note(); }) {
+        if (!tier->direct_io()) MESSAGE(F::name() << " runs without O_DIRECT here: " << tier->direct_io_note());
+    }
     std::vector<std::size_t> sizes = {1, 2, 3, 511, 512, 4095, 4096, 4097, 8191, 65536 + 13, MiB - 1, MiB + 1};
     std::mt19937_64 rng(42);
     for (int i = 0; i < 6; ++i) sizes.push_back(1 + rng() % (4 * MiB));  // unaligned, almost surely
