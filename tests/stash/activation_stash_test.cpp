@@ -310,17 +310,18 @@ TEST_CASE("the memory budget is never exceeded") {
     const std::size_t n = 256 * 1024;
     const std::size_t budget = 3 * n;
     SUBCASE("offloaded tensors: save waits for writes to make room") {
-        throttled_tier<host_tier> tier(throttle_config::joint({.bytes_per_second = 100e6, .burst_bytes = 4096}));
+        // 13 ms per write: saving 12 tensors at memory speed must wait for room.
+        throttled_tier<host_tier> tier(throttle_config::joint({.bytes_per_second = 20e6, .burst_bytes = 4096}));
         auto opts = offload_everything();
         opts.memory_budget = budget;
         opts.pool_limit = n;  // the pool is inside the budget too
         activation_stash stash(tier, opts);
         std::vector<std::vector<std::byte>> data;
+        for (int i = 0; i < 12; ++i) data.push_back(random_bytes(n, i));
         std::vector<stash_handle> handles;
         for (int i = 0; i < 12; ++i) {
             stash.begin_layer(static_cast<std::uint32_t>(i));
-            data.push_back(random_bytes(n, i));
-            handles.push_back(stash.save(make_desc("b" + std::to_string(i), i + 1, {64 * 1024}), data.back()));
+            handles.push_back(stash.save(make_desc("b" + std::to_string(i), i + 1, {64 * 1024}), data[i]));
             stash.end_layer();
             CHECK(stash.stats().resident_bytes <= budget);
         }
