@@ -25,7 +25,7 @@ using spillway::detail::simd_level;
 
 namespace {
 
-#ifdef SPILLWAY_SANITIZED
+#if defined(SPILLWAY_SANITIZED) || !defined(__OPTIMIZE__)  // sanitizers and -O0: smaller
 constexpr std::size_t large_n = (1u << 16) + 3;
 #else
 constexpr std::size_t large_n = (1u << 20) + 3;

@@ -16,9 +16,10 @@
 // - Results are bit-identical whatever the pool size, the SIMD level, and however a caller
 //   splits the arrays into sub-spans: each element's result depends only on its own p, m, v,
 //   g and the step's constants (an update over [0, n) equals updates over [0, k) and [k, n)).
-// - grad_sum_squares returns sum((g / grad_scale)^2) in double, deterministic (fixed blocks
-//   summed in a fixed order, independent of pool size and SIMD level); +inf or NaN when a
-//   gradient is non-finite. Global-norm clipping over many spans: the caller adds the sums,
+// - grad_sum_squares returns sum((g / grad_scale)^2) in double, computed as
+//   sum(g^2) / grad_scale^2 (g^2 is exact in double), deterministic (fixed blocks summed in a
+//   fixed order, independent of pool size and SIMD level); +inf or NaN when a gradient is
+//   non-finite. Global-norm clipping over many spans: the caller adds the sums,
 //   norm = sqrt(total), clip_coef = min(1, max_norm / (norm + 1e-6)) (torch's clip_grad_norm_).
 // - Memory traffic of one step per parameter: read p, g, m, v and write p, m, v = 28 bytes with
 //   float grads, 26 with fp16/bf16 grads, +2 with a compute copy; the grad_check::scan pass
@@ -26,6 +27,11 @@
 //   finite (grad_sum_squares returned a finite value over the same gradients) passes
 //   grad_check::caller_verified to skip that pass.
 // - The caller keeps every span alive for the duration of the call; the spans must not overlap.
+//   Do not call adamw_step or grad_sum_squares from a task running on the same pool: the call
+//   waits for chunks queued behind that task (with one worker, forever).
+// - The bit-identity guarantees assume the default floating-point environment (round to
+//   nearest, no flush-to-zero / denormals-are-zero) on the calling thread, which runs one
+//   chunk itself; the pool's threads always have it.
 #pragma once
 
 #include "spillway/detail/thread_pool.hpp"
