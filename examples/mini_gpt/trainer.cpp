@@ -308,7 +308,7 @@ void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B,
     }
 }
 
-std::vector<float> train(const options& opt, std::ostream& rank0_out) {
+std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report* report) {
     // 1. Ranks (dist.hpp) and threads: ours for every kernel, OpenBLAS single-threaded inside
     //    each slice; by default the node's cores are shared among its ranks.
     const int rank = dist::rank(), nranks = dist::size();
@@ -533,6 +533,14 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out) {
         totals.upd += upd_ms;
         totals.io += io_wait;
         totals.total += step_ms;
+        if (report) {
+            report->step_ms.push_back(step_ms);
+            report->forward_ms.push_back(model.times().forward_ms);
+            report->backward_ms.push_back(model.times().backward_ms);
+            report->update_ms.push_back(upd_ms);
+            report->io_wait_ms.push_back(io_wait);
+            report->act_peak_bytes.push_back(act_peak);
+        }
         if (totals.steps == 0) totals.act_peak_first = act_peak;
         else totals.act_peak = std::max(totals.act_peak, act_peak);
         ++totals.steps;
@@ -589,6 +597,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out) {
     }
 
     // 8. The end: --save-model and the summary.
+    if (report) {
+        report->all_kept_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers) +
+                                 model.fixed_activation_bytes();
+        report->flops_per_step = flops_tok * static_cast<double>(BT);
+        report->params = nparams;
+    }
     if (!opt.save_model.empty() && rank == 0) write_checkpoint(opt.save_model, config, model.params());
     if (recorder) {
         try {

@@ -65,8 +65,18 @@ std::string usage_text();
 void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B, int T, int row0, int rows,
                 std::vector<int>& inputs, std::vector<int>& targets);
 
+/// Per-step measurements of a run (for benchmarks and scripts).
+struct run_report {
+    std::vector<double> step_ms, forward_ms, backward_ms, update_ms, io_wait_ms;
+    std::vector<std::size_t> act_peak_bytes;
+    std::size_t all_kept_bytes = 0;  // activations if every layer were kept in memory
+    double flops_per_step = 0;       // model FLOPs of one step (global batch)
+    std::size_t params = 0;
+};
+
 /// Runs training; progress to `out`. Throws input_error (bad input) or other exceptions.
-/// Returns the per-step losses (of this process's steps, resumed or not).
-std::vector<float> train(const options& opt, std::ostream& out);
+/// Returns the per-step losses (of this process's steps, resumed or not); fills `report`
+/// when given.
+std::vector<float> train(const options& opt, std::ostream& out, run_report* report = nullptr);
 
 }  // namespace mini_gpt
