@@ -149,7 +149,7 @@ Usage: mini_gpt [flags]
   --data FILE         llm.c token file (default: the built-in corpus, byte tokens)
   --batch B           global batch size (default 16)
   --seq T             sequence length (default 64)
-  --steps N           training steps (default 200)
+  --steps N           training steps (default 400)
   --lr X --beta1 X --beta2 X --eps X --wd X    AdamW (defaults 1e-4 0.9 0.999 1e-8 0)
   --seed N            initialisation seed (default 1337)
   --threads N         compute threads (default: every core)

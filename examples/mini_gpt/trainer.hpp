@@ -31,7 +31,7 @@ struct options {
     std::filesystem::path data;        // --data FILE (llm.c tokens); empty: built-in corpus
     int batch = 16;                    // --batch B (global batch, split over MPI ranks)
     int seq = 64;                      // --seq T
-    int steps = 200;                   // --steps N
+    int steps = 400;                   // --steps N
     float lr = 1e-4f;                  // --lr
     float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;  // --beta1 --beta2 --eps --wd
     std::uint64_t seed = 1337;         // --seed
