@@ -356,13 +356,16 @@ void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float
 
 namespace {
 constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
+/// tanh through one expf (about twice as fast as tanhf here); absolute error ~1e-7, and
+/// exactly +-1 where exp overflows or underflows.
+inline float tanh_via_exp(float u) noexcept { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
 }
 
 void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N) {
     parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
         for (std::size_t i = i0; i < i1; ++i) {
             float x = inp[i];
-            out[i] = 0.5f * x * (1.0f + std::tanh(gelu_scale * (x + 0.044715f * x * x * x)));
+            out[i] = 0.5f * x * (1.0f + tanh_via_exp(gelu_scale * (x + 0.044715f * x * x * x)));
         }
     });
 }
@@ -372,7 +375,7 @@ void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float
         for (std::size_t i = i0; i < i1; ++i) {
             float x = inp[i];
             float u = gelu_scale * (x + 0.044715f * x * x * x);
-            float th = std::tanh(u);
+            float th = tanh_via_exp(u);
             float sech2 = 1.0f - th * th;
             float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
             dinp[i] = grad * dout[i];
@@ -473,7 +476,11 @@ std::size_t gpt2::fixed_activation_bytes() const noexcept {
            sizeof(float);
 }
 
-void gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void gpt2::zero_grad() {
+    parallel_blocks(pool_, grads_.size(), 1 << 16, [&](std::size_t i0, std::size_t i1) {
+        std::fill(grads_.begin() + static_cast<std::ptrdiff_t>(i0), grads_.begin() + static_cast<std::ptrdiff_t>(i1), 0.0f);
+    });
+}
 
 float gpt2::forward(const int* inputs, const int* targets, int B, int T, activation_store& store) {
     auto t0 = clock_type::now();
