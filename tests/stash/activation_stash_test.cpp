@@ -623,6 +623,44 @@ TEST_CASE("adaptive split: a profiling step offloads everything, then TBA's rule
     CHECK(s1.bytes_offloaded + s1.bytes_forwarded >= split * n);
 }
 
+TEST_CASE("adaptive split follows a tier that slows down") {
+    // 4 layers of 256 KiB, 30 ms each: hiding a layer needs about 9 MB/s.
+    throttled_tier<host_tier> tier(throttle_config::joint({.bytes_per_second = 1e9, .burst_bytes = 4096}));
+    stash_options opts;
+    opts.keep_below_bytes = 4096;
+    opts.probe_bytes = 1 << 20;
+    activation_stash stash(tier, opts);
+    const std::size_t n = 256 * 1024;
+    auto bytes = random_bytes(n, 1);
+    auto step = [&](std::uint64_t version) {
+        std::vector<stash_handle> handles;
+        for (std::uint32_t l = 0; l < 4; ++l) {
+            stash.begin_layer(l);
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            auto d = make_desc("l" + std::to_string(l), l + 1, {64 * 1024});
+            d.version = version;
+            handles.push_back(stash.save(d, bytes));
+            stash.end_layer();
+        }
+        stash.start_backward();
+        for (auto it = handles.rbegin(); it != handles.rend(); ++it) {
+            CHECK(same_bytes(stash.load(*it), bytes));
+            stash.release(*it);
+        }
+    };
+    step(0);
+    auto fast = stash.plan();
+    CHECK(fast.tier_bandwidth > 50e6);
+    CHECK(fast.first_kept_layer == std::numeric_limits<std::size_t>::max());
+    tier.set_rate(bandwidth_limit{.bytes_per_second = 4e6, .burst_bytes = 4096});  // 65 ms per tensor
+    step(1);
+    step(2);
+    auto slow = stash.plan();
+    MESSAGE("re-planned at " << slow.tier_bandwidth / 1e6 << " MB/s: first kept layer " << slow.first_kept_layer);
+    CHECK(slow.tier_bandwidth < fast.tier_bandwidth / 2);
+    CHECK(slow.first_kept_layer < 4);
+}
+
 TEST_CASE("adaptive split with a stated bandwidth: fast keeps nothing, slow keeps everything") {
     for (double bw : {1e15, 1.0}) {
         host_tier tier;

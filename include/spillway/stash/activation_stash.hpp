@@ -43,7 +43,8 @@
 //     freed (returned to the pool), unless backward already took the tensor or it lies in the
 //     prefetch window, in which case it stays resident (forwarded).
 //  3. Backward begins with start_backward() or the first load(). On the profiling step the
-//     split is planned now (forward time measured; tier bandwidth given or probed).
+//     split is planned now (forward time measured; tier bandwidth given or probed); on later
+//     steps of the adaptive split it is re-planned from the bandwidth the tier delivered.
 //  4. Prefetch: for the layer backward is in, every tensor of its own layer and of the
 //     prefetch_layers offloading layers before it (kept layers need no reads and do not
 //     count) is made resident, newest first: a queued write is cancelled (write skip), an
@@ -110,9 +111,11 @@ struct stash_options {
     /// split_mode::fixed: forward position of the first layer kept (layers are numbered in
     /// the order they first appear in a step); SIZE_MAX keeps no layer.
     std::size_t first_kept_layer = std::numeric_limits<std::size_t>::max();
-    /// Tier bandwidth in bytes per second for the adaptive rule; 0 measures it once with a
-    /// probe blob of probe_bytes written and read back (best of three rounds, the slower
-    /// direction) when the profiling step ends.
+    /// Tier bandwidth in bytes per second for the adaptive rule. 0: measured with a probe
+    /// blob of probe_bytes written and read back (best of three rounds, the slower
+    /// direction) when the profiling step ends, then re-measured at every backward from what
+    /// the tier delivered (its stats(): bytes over busy seconds), so the split follows a tier
+    /// that slows down or speeds up. A stated bandwidth is used as is.
     double tier_bandwidth = 0;
     std::size_t probe_bytes = std::size_t{16} << 20;
     /// Offloading layers ahead of the current backward layer that prefetch always brings
@@ -725,6 +728,7 @@ private:
         if (!step_open_) {
             step_open_ = true;
             step_start_ = clock::now();
+            if (opt_.split == split_mode::adaptive) forward_stats_ = tier_.stats();
             profiling_ = opt_.split == split_mode::adaptive && !plan_.planned;
         }
     }
@@ -747,17 +751,45 @@ private:
         backward_position_ = layers_.size();
         cursor_ = order_.size();
         if (profiling_ && !plan_.planned) {
-            plan_split(lock);
+            const double forward = step_open_ ? seconds_since(step_start_) : 0.0;  // before the probe
+            apply_plan(opt_.tier_bandwidth > 0 ? opt_.tier_bandwidth : probe_bandwidth(lock), forward);
             after_profiling_ = true;
+        } else if (opt_.split == split_mode::adaptive && plan_.planned && opt_.tier_bandwidth == 0) {
+            replan_from_tier();
         }
         profiling_ = false;
+        backward_stats_ = tier_.stats();
+        have_backward_stats_ = true;
     }
 
-    void plan_split(std::unique_lock<std::mutex>& lock) {
+    // Re-plans with the bandwidth the tier delivered since the last backward (its writes in
+    // this forward, its reads in the last backward: bytes over busy seconds, the slower
+    // direction), so that a tier that slows down or speeds up moves the split for the next
+    // step.
+    void replan_from_tier() {
+        tier_stats now = tier_.stats();
+        auto rate = [](std::uint64_t bytes, double busy) {
+            return bytes > 0 && busy > 0 ? static_cast<double>(bytes) / busy : 0.0;
+        };
+        double observed = rate(now.bytes_written - forward_stats_.bytes_written,
+                               now.write_busy_seconds - forward_stats_.write_busy_seconds);
+        if (have_backward_stats_) {
+            double r = rate(forward_stats_.bytes_read - backward_stats_.bytes_read,
+                            forward_stats_.read_busy_seconds - backward_stats_.read_busy_seconds);
+            if (r > 0) observed = observed > 0 ? std::min(observed, r) : r;
+        }
+        if (observed <= 0) return;  // nothing moved: nothing learned
+        // A slower tier is believed at once (waiting costs more than keeping); a faster one
+        // half way per step.
+        double bw = observed < plan_.tier_bandwidth ? observed : 0.5 * (plan_.tier_bandwidth + observed);
+        apply_plan(bw, step_open_ ? seconds_since(step_start_) : 0.0);
+    }
+
+    void apply_plan(double bandwidth, double forward_seconds) {
         split_plan p;
-        p.forward_seconds = step_open_ ? seconds_since(step_start_) : 0.0;
+        p.forward_seconds = forward_seconds;
         for (auto& l : layers_) p.layers.push_back(l.profile);
-        p.tier_bandwidth = opt_.tier_bandwidth > 0 ? opt_.tier_bandwidth : probe_bandwidth(lock);
+        p.tier_bandwidth = bandwidth;
         first_kept_ = tba_split(p.layers, p.forward_seconds, p.tier_bandwidth);
         if (first_kept_ >= p.layers.size()) first_kept_ = std::numeric_limits<std::size_t>::max();
         p.first_kept_layer = first_kept_;
@@ -1175,6 +1207,8 @@ private:
     std::size_t backward_position_ = 0;
 
     split_plan plan_;
+    tier_stats forward_stats_{}, backward_stats_{};  // the tier's counters when forward / backward began
+    bool have_backward_stats_ = false;
     std::size_t first_kept_ = std::numeric_limits<std::size_t>::max();
 
     // Last: destroyed (drained and joined) first, while everything above is alive.
