@@ -246,6 +246,43 @@ TEST_CASE("every SIMD narrowing level gives the scalar bits, at every tail lengt
     }
 }
 
+TEST_CASE("large conversions (streaming stores) give the scalar bits at any alignment") {
+    // Past nontemporal_min_bytes the SIMD kernels peel to a line boundary and stream.
+    const std::size_t n = spillway::detail::nontemporal_min_bytes / 2 + 77;  // narrow outputs too
+    std::mt19937_64 rng(9);
+    std::uniform_int_distribution<std::uint32_t> any;
+    std::vector<float> xs(n + 8);
+    for (auto& x : xs) x = float_of(any(rng));
+    std::vector<float16> want16(n);
+    std::vector<bfloat16> want_bf(n);
+    spillway::detail::narrow(simd_level::scalar, xs.data() + 3, want16.data(), n);
+    spillway::detail::narrow(simd_level::scalar, xs.data() + 3, want_bf.data(), n);
+    for (simd_level level : all_levels) {
+        if (level == simd_level::scalar || !spillway::detail::supported(level)) continue;
+        const std::string level_name = spillway::detail::to_string(level);
+        CAPTURE(level_name);
+        for (std::size_t off : {0, 1, 5}) {  // output misaligned by off elements
+            CAPTURE(off);
+            std::vector<float16> o16(n + off + 1, float16{0xabcd});
+            std::vector<bfloat16> obf(n + off + 1, bfloat16{0xabcd});
+            spillway::detail::narrow(level, xs.data() + 3, o16.data() + off, n);
+            spillway::detail::narrow(level, xs.data() + 3, obf.data() + off, n);
+            REQUIRE(std::memcmp(o16.data() + off, want16.data(), n * 2) == 0);
+            REQUIRE(std::memcmp(obf.data() + off, want_bf.data(), n * 2) == 0);
+            REQUIRE(o16[n + off].bits == 0xabcd);
+            REQUIRE(obf[n + off].bits == 0xabcd);
+            std::vector<float> w(n + off + 1, 7.0f), want_w(n);
+            spillway::detail::widen(simd_level::scalar, want16.data(), want_w.data(), n);
+            spillway::detail::widen(level, want16.data(), w.data() + off, n);
+            REQUIRE(std::memcmp(w.data() + off, want_w.data(), n * 4) == 0);
+            REQUIRE(w[n + off] == 7.0f);
+            spillway::detail::widen(simd_level::scalar, want_bf.data(), want_w.data(), n);
+            spillway::detail::widen(level, want_bf.data(), w.data() + off, n);
+            REQUIRE(std::memcmp(w.data() + off, want_w.data(), n * 4) == 0);
+        }
+    }
+}
+
 TEST_CASE("span widen/narrow use the best level and reject mismatched sizes") {
     std::vector<float> f = {1.5f, -2.25f, 65520.0f, 1e-8f, 3.0f};
     std::vector<float16> h(f.size());

@@ -4,7 +4,9 @@
 // to_float / from_float in half.hpp (fp16 through the F16C instructions, which round to
 // nearest even and quiet NaNs the same way; bf16 through integer rounding, which keeps
 // subnormals, unlike vcvtneps2bf16). Functions carry the target attribute of their level and
-// must only run where detail::supported(level) holds. 
+// must only run where detail::supported(level) holds. Outputs of nontemporal_min_bytes or
+// more are written with streaming stores (and an sfence before returning), so the results
+// are visible to other threads exactly as with ordinary stores once the call returns.
 #pragma once
 
 #include "spillway/optim/detail/half_core.hpp"
@@ -22,6 +24,19 @@
 #  pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 namespace spillway::detail {
+
+/// Outputs of at least this many bytes are written with streaming (non-temporal) stores:
+/// they would not stay in the caches anyway, and streaming skips the read that an ordinary
+/// store of a missing line costs (write-allocate). Below it, ordinary stores keep the result
+/// in cache for whoever reads it next.
+inline constexpr std::size_t nontemporal_min_bytes = std::size_t{8} << 20;
+
+/// Elements of T before p reaches an `align`-byte boundary.
+template <class T>
+inline std::size_t elements_to_boundary(const T* p, std::size_t align) noexcept {
+    auto addr = reinterpret_cast<std::uintptr_t>(p);
+    return ((align - addr % align) % align) / sizeof(T);
+}
 
 // ---- AVX-512: 16 lanes ---------------------------------------------------------------------
 // Loads 16 values (or the lanes of `k`, others 0) widened to float.
@@ -71,6 +86,18 @@ SPILLWAY_TARGET_AVX512 inline __mmask16 tail_mask16(std::size_t n) noexcept {
 template <class Half>
 SPILLWAY_TARGET_AVX512 void widen_avx512(const Half* in, float* out, std::size_t n) noexcept {
     std::size_t i = 0;
+    if (n * sizeof(float) >= nontemporal_min_bytes) {  // peel to a 64-byte line, then stream
+        i = elements_to_boundary(out, 64);
+        widen_scalar(in, out, i);
+        for (; i + 64 <= n; i += 64) {
+            __m512 a = load16(in + i), b = load16(in + i + 16), c = load16(in + i + 32), d = load16(in + i + 48);
+            _mm512_stream_ps(out + i, a);
+            _mm512_stream_ps(out + i + 16, b);
+            _mm512_stream_ps(out + i + 32, c);
+            _mm512_stream_ps(out + i + 48, d);
+        }
+        _mm_sfence();
+    }
     for (; i + 64 <= n; i += 64) {
         __m512 a = load16(in + i), b = load16(in + i + 16), c = load16(in + i + 32), d = load16(in + i + 48);
         _mm512_storeu_ps(out + i, a);
@@ -87,6 +114,19 @@ SPILLWAY_TARGET_AVX512 void widen_avx512(const Half* in, float* out, std::size_t
 template <class Half>
 SPILLWAY_TARGET_AVX512 void narrow_avx512(const float* in, Half* out, std::size_t n) noexcept {
     std::size_t i = 0;
+    if (n * sizeof(Half) >= nontemporal_min_bytes) {  // peel to 32 bytes, then stream
+        i = elements_to_boundary(out, 32);
+        narrow_scalar(in, out, i);
+        for (; i + 64 <= n; i += 64) {
+            __m512 a = _mm512_loadu_ps(in + i), b = _mm512_loadu_ps(in + i + 16);
+            __m512 c = _mm512_loadu_ps(in + i + 32), d = _mm512_loadu_ps(in + i + 48);
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), round16(a, out));
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 16), round16(b, out));
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 32), round16(c, out));
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 48), round16(d, out));
+        }
+        _mm_sfence();
+    }
     for (; i + 64 <= n; i += 64) {
         __m512 a = _mm512_loadu_ps(in + i), b = _mm512_loadu_ps(in + i + 16);
         __m512 c = _mm512_loadu_ps(in + i + 32), d = _mm512_loadu_ps(in + i + 48);
@@ -131,6 +171,18 @@ SPILLWAY_TARGET_AVX2 inline void store8(Half* p, __m256 x) noexcept {
 template <class Half>
 SPILLWAY_TARGET_AVX2 void widen_avx2(const Half* in, float* out, std::size_t n) noexcept {
     std::size_t i = 0;
+    if (n * sizeof(float) >= nontemporal_min_bytes) {  // peel to 32 bytes, then stream
+        i = elements_to_boundary(out, 32);
+        widen_scalar(in, out, i);
+        for (; i + 32 <= n; i += 32) {
+            __m256 a = load8(in + i), b = load8(in + i + 8), c = load8(in + i + 16), d = load8(in + i + 24);
+            _mm256_stream_ps(out + i, a);
+            _mm256_stream_ps(out + i + 8, b);
+            _mm256_stream_ps(out + i + 16, c);
+            _mm256_stream_ps(out + i + 24, d);
+        }
+        _mm_sfence();
+    }
     for (; i + 32 <= n; i += 32) {
         __m256 a = load8(in + i), b = load8(in + i + 8), c = load8(in + i + 16), d = load8(in + i + 24);
         _mm256_storeu_ps(out + i, a);
@@ -144,6 +196,19 @@ SPILLWAY_TARGET_AVX2 void widen_avx2(const Half* in, float* out, std::size_t n) 
 template <class Half>
 SPILLWAY_TARGET_AVX2 void narrow_avx2(const float* in, Half* out, std::size_t n) noexcept {
     std::size_t i = 0;
+    if (n * sizeof(Half) >= nontemporal_min_bytes) {  // peel to 16 bytes, then stream
+        i = elements_to_boundary(out, 16);
+        narrow_scalar(in, out, i);
+        for (; i + 32 <= n; i += 32) {
+            __m256 a = _mm256_loadu_ps(in + i), b = _mm256_loadu_ps(in + i + 8);
+            __m256 c = _mm256_loadu_ps(in + i + 16), d = _mm256_loadu_ps(in + i + 24);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), round8(a, out));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 8), round8(b, out));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 16), round8(c, out));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(out + i + 24), round8(d, out));
+        }
+        _mm_sfence();
+    }
     for (; i + 32 <= n; i += 32) {
         __m256 a = _mm256_loadu_ps(in + i), b = _mm256_loadu_ps(in + i + 8);
         __m256 c = _mm256_loadu_ps(in + i + 16), d = _mm256_loadu_ps(in + i + 24);
