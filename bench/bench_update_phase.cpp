@@ -15,6 +15,10 @@
 //   4 +second_path     virtual tier over disk and shm (placement by measured bandwidth)
 //   5 +node_lock_2proc two worker processes, each half the parameters and half the buffers,
 //                      sharing both paths under node_lock (one reader and one writer per path)
+// Noise: the disk is shared, so every row is built first (its state initialised on its own
+// files) and then the rows are called in rounds: one warm-up round (the first call reads every
+// subgroup), then `timed_calls` rounds of one call per row, each round followed by a fresh
+// fio measurement of the disk. Speedups and vs_limit are taken per round, then the median.
 // Counters per row: update_s (median over the timed calls), read_wait_s, compute_s,
 // write_wait_s, bytes_read, bytes_written, bytes_moved, handover_s (backward's gradient
 // hand-over), served_resident, speedup (baseline update_s / row update_s),
@@ -25,6 +29,8 @@
 // 50/50 read/write mix (fio rw=rw, 1 MiB blocks, queue depth 8, O_DIRECT, io_uring), plus,
 // for two paths, the shm path's throttle (half of it).
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
+// SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
+// sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth.
 #include <benchmark/benchmark.h>
 
 #include <spillway/lock/node_lock.hpp>
@@ -72,13 +78,6 @@ shape the_shape() {
     return {std::size_t{1} << 23, 44, 16, 3};  // 4.125 GiB of state, 1.5 GiB of buffers
 }
 
-struct row_result {
-    std::string name;
-    double update_s = 0, read_wait_s = 0, compute_s = 0, write_wait_s = 0, handover_s = 0;
-    double bytes_read = 0, bytes_written = 0, served = 0, floor_s = 0;
-    std::string note;
-    std::string error;  // non-empty: the row failed
-};
 
 struct bandwidths {
     double disk_read = 0, disk_write = 0;  // bytes/s under a 50/50 mix
@@ -183,79 +182,37 @@ double median(std::vector<double> v) {
     return v.empty() ? 0 : v[v.size() / 2];
 }
 
-struct run_spec {
-    pipeline_options opt;
-    std::size_t params = 0;
-    std::size_t offset = 0;       // first parameter of this worker
-    std::size_t buffer_bytes = 0; // host budget for this pipeline
-    int timed_calls = 1;
+/// One timed call of a row.
+struct sample {
+    double secs = 0, read_wait = 0, compute = 0, write_wait = 0, handover = 0;
+    double bytes_read = 0, bytes_written = 0, served = 0;
 };
 
-/// Runs warm-up + timed calls of one pipeline over `tier`; per-call hooks for the 2-process row.
-template <class Tier, class Before, class After>
-row_result run_pipeline(Tier& tier, host_data& data, const shape& sh, const run_spec& spec, Before before, After after) {
-    const bool fp32 = spec.opt.gradients == gradient_path::fp32_on_tier;
-    pipeline_config cfg;
-    cfg.param_count = spec.params;
-    cfg.subgroup_size = sh.subgroup_size;
-    cfg.host_buffers = std::max<std::size_t>(3, spec.buffer_bytes / ((fp32 ? 16 : 12) * sh.subgroup_size));
-    cfg.adam = adamw_config{};
-    update_pipeline<Tier, float16> pipe(tier, cfg, std::span<const float>(data.init).subspan(spec.offset, spec.params),
-                                        spec.opt);
-    auto grads = std::span<const float16>(data.grads).subspan(spec.offset, spec.params);
-    auto copy = std::span<float16>(data.copy).subspan(spec.offset, spec.params);
-    std::vector<double> upd, rw, cp, ww, ho, br, bw, sv;
-    for (int call = 0; call < 1 + spec.timed_calls; ++call) {  // call 0 warms up (reads all)
-        before(call);
-        double handover = 0;
-        if (fp32) {
-            auto t0 = clk::now();
-            pipe.hand_over_gradients(grads);
-            handover = std::chrono::duration<double>(clk::now() - t0).count();
-        }
-        auto t0 = clk::now();
-        if (fp32) pipe.update(copy);
-        else pipe.update(grads, copy);
-        double secs = std::chrono::duration<double>(clk::now() - t0).count();
-        after(call, secs);
-        if (call == 0) continue;
-        const auto& st = pipe.last_stats();
-        upd.push_back(secs);
-        rw.push_back(st.read_wait_seconds);
-        cp.push_back(st.compute_seconds);
-        ww.push_back(st.write_wait_seconds);
-        ho.push_back(handover);
-        br.push_back(static_cast<double>(st.bytes_read));
-        bw.push_back(static_cast<double>(st.bytes_written));
-        sv.push_back(static_cast<double>(st.served_from_resident));
-    }
-    row_result r;
-    r.update_s = median(upd);
-    r.read_wait_s = median(rw);
-    r.compute_s = median(cp);
-    r.write_wait_s = median(ww);
-    r.handover_s = median(ho);
-    r.bytes_read = median(br);
-    r.bytes_written = median(bw);
-    r.served = median(sv);
-    return r;
+/// Threads of the Adam step (SPILLWAY_UPDATE_PHASE_THREADS, default 1): the update phase is
+/// I/O-bound, and on a small machine the I/O threads need a core while Adam runs.
+std::size_t compute_threads() {
+    const char* s = std::getenv("SPILLWAY_UPDATE_PHASE_THREADS");
+    long v = s && *s ? std::strtol(s, nullptr, 10) : 1;
+    return static_cast<std::size_t>(std::max(1L, v));
 }
 
-template <class Tier>
-row_result run_in_process(Tier& tier, host_data& data, const shape& sh, const run_spec& spec) {
-    return run_pipeline(tier, data, sh, spec, [](int) {}, [](int, double) {});
+/// Queue depth of the tiers' engines (SPILLWAY_UPDATE_PHASE_QD, default 32 pieces of 1 MiB):
+/// deep enough that scheduling delays of the I/O threads on a busy machine do not idle the disk.
+unsigned queue_depth() {
+    const char* s = std::getenv("SPILLWAY_UPDATE_PHASE_QD");
+    long v = s && *s ? std::strtol(s, nullptr, 10) : 32;
+    return static_cast<unsigned>(std::clamp(v, 1L, 256L));
 }
 
 struct paths {
-    fs::path disk, shm;
-    bool shm_is_tmpfs = true;
+    fs::path disk, shm, locks;
 };
 
 file_tier_options disk_options(const std::string& name) {
     file_tier_options o;
     o.name = name;
     o.engine.block_size = MiB;
-    o.engine.queue_depth = 8;
+    o.engine.queue_depth = queue_depth();
     return o;
 }
 
@@ -266,129 +223,192 @@ throttle_config half_of(const bandwidths& bw) {
 using two_path_tier_null = virtual_tier<null_lock, file_tier<>, throttled_tier<file_tier<>>>;
 using two_path_tier_node = virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>>;
 
-/// Row 5: two worker processes, each with half the parameters and half the buffers.
-row_result run_two_processes(host_data& data, const shape& sh, const paths& p, const bandwidths& bw,
-                             const fs::path& lock_dir) {
-    const int workers = 2;
-    const std::size_t half_subgroups = sh.subgroups / 2;
+pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buffer_bytes, const pipeline_options& opt) {
+    const bool fp32 = opt.gradients == gradient_path::fp32_on_tier;
+    pipeline_config cfg;
+    cfg.param_count = params;
+    cfg.subgroup_size = sh.subgroup_size;
+    cfg.host_buffers = std::max<std::size_t>(3, buffer_bytes / ((fp32 ? 16 : 12) * sh.subgroup_size));
+    return cfg;
+}
+
+/// One row: built once (its state initialised on its tier), then called once per round, so
+/// that every row sees the same disk conditions (the disk is shared and noisy).
+struct runner {
+    std::string name;
+    std::string error;
+    std::string note;
+    bool two_paths = false;
+    double traffic = 0;  // minimum bytes read + written by one steady-state call
+    std::vector<sample> samples;
+    virtual ~runner() = default;
+    virtual sample call() = 0;
+};
+
+template <class Tier>
+struct pipe_runner : runner {
+    std::unique_ptr<Tier> tier;
+    std::unique_ptr<update_pipeline<Tier, float16>> pipe;
+    std::span<const float16> grads;
+    std::span<float16> copy;
+    bool fp32 = false;
+
+    pipe_runner(std::unique_ptr<Tier> t, host_data& data, const shape& sh, const pipeline_options& opt)
+        : tier(std::move(t)) {
+        fp32 = opt.gradients == gradient_path::fp32_on_tier;
+        auto cfg = config_for(sh, sh.params(), sh.budget_bytes(), opt);
+        pipe = std::make_unique<update_pipeline<Tier, float16>>(*tier, cfg, std::span<const float>(data.init), opt);
+        grads = data.grads;
+        copy = data.copy;
+    }
+    sample call() override {
+        sample x;
+        if (fp32) {
+            auto t0 = clk::now();
+            pipe->hand_over_gradients(grads);
+            x.handover = std::chrono::duration<double>(clk::now() - t0).count();
+        }
+        auto t0 = clk::now();
+        if (fp32) pipe->update(copy);
+        else pipe->update(grads, copy);
+        x.secs = std::chrono::duration<double>(clk::now() - t0).count();
+        const auto& st = pipe->last_stats();
+        x.read_wait = st.read_wait_seconds;
+        x.compute = st.compute_seconds;
+        x.write_wait = st.write_wait_seconds;
+        x.bytes_read = static_cast<double>(st.bytes_read);
+        x.bytes_written = static_cast<double>(st.bytes_written);
+        x.served = static_cast<double>(st.served_from_resident);
+        return x;
+    }
+};
+
+/// Row 5: two worker processes, each half the parameters and half the buffers, sharing both
+/// paths under node_lock. Protocol: the parent writes 1 to a worker's pipe for one update
+/// call (the worker answers with that call's stats) and 0 to end it.
+struct two_process_runner : runner {
+    static constexpr int workers = 2;
     struct msg {
         double secs, read_wait, compute, write_wait, bytes_read, bytes_written, served;
         int ok;
     };
-    // A worker that dies must fail the row, not kill the benchmark with SIGPIPE.
-    struct sigpipe_guard {
-        void (*old)(int) = std::signal(SIGPIPE, SIG_IGN);
-        ~sigpipe_guard() { std::signal(SIGPIPE, old); }
-    } no_sigpipe;
-    int to_parent[2], from_parent[workers][2];
-    if (::pipe(to_parent) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+    int to_parent[2] = {-1, -1};
+    int from_parent[workers][2] = {{-1, -1}, {-1, -1}};
     std::vector<pid_t> pids;
-    for (int w = 0; w < workers; ++w) {
-        if (::pipe(from_parent[w]) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
-        pid_t pid = ::fork();
-        if (pid == 0) {
-            ::close(to_parent[0]);
-            msg m{};
-            try {
-                auto disk = p.disk / ("w" + std::to_string(w));
-                auto shm = p.shm / ("w" + std::to_string(w));
-                fs::create_directories(disk);
-                fs::create_directories(shm);
-                virtual_tier_options o;
-                o.name = "vt";
-                o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
-                o.locks.directory = lock_dir;
-                o.lock_names = {"disk", "shm"};
-                two_path_tier_node vt(o, child_args(disk, disk_options("disk")),
-                                      child_args(half_of(bw), std::in_place, shm, disk_options("shm")));
-                // The parent's shared thread pool has no threads in this forked child: own one.
-                detail::thread_pool pool(1);
-                run_spec spec;
-                spec.opt.order = subgroup_order::alternating;
-                spec.opt.pool = &pool;
-                spec.opt.key_prefix = "w" + std::to_string(w);
-                spec.params = half_subgroups * sh.subgroup_size;
-                spec.offset = static_cast<std::size_t>(w) * spec.params;
-                spec.buffer_bytes = sh.budget_bytes() / workers;
-                spec.timed_calls = sh.timed_calls;
-                auto before = [&](int) {
-                    char go = 0;
-                    if (::read(from_parent[w][0], &go, 1) != 1) std::_Exit(3);
-                };
-                auto after = [&](int, double secs) {
-                    msg mm{};
-                    mm.secs = secs;
-                    mm.ok = 1;
-                    if (::write(to_parent[1], &mm, sizeof mm) != static_cast<ssize_t>(sizeof mm)) std::_Exit(4);
-                };
-                auto r = run_pipeline(vt, data, sh, spec, before, after);
-                m = {r.update_s, r.read_wait_s, r.compute_s, r.write_wait_s, r.bytes_read, r.bytes_written, r.served, 2};
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "worker %d: %s\n", w, e.what());
-                m.ok = -1;
-            }
-            // The summary goes out only when the parent asks, so it never interleaves with
-            // another worker's per-call message.
-            char ask = 0;
-            if (m.ok > 0 && ::read(from_parent[w][0], &ask, 1) != 1) std::_Exit(6);
-            if (::write(to_parent[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) std::_Exit(5);
-            std::_Exit(m.ok > 0 ? 0 : 1);
+    void (*old_sigpipe)(int) = nullptr;
+
+    two_process_runner(host_data& data, const shape& sh, const paths& p, const bandwidths& bw) {
+        // A worker that dies must fail the row, not kill the benchmark with SIGPIPE.
+        old_sigpipe = std::signal(SIGPIPE, SIG_IGN);
+        if (::pipe(to_parent) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+        for (int w = 0; w < workers; ++w) {
+            if (::pipe(from_parent[w]) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+            pid_t pid = ::fork();
+            if (pid < 0) throw std::system_error(errno, std::generic_category(), "fork");
+            if (pid == 0) worker(w, data, sh, p, bw);  // never returns
+            pids.push_back(pid);
+            ::close(from_parent[w][0]);
         }
-        pids.push_back(pid);
-        ::close(from_parent[w][0]);
+        ::close(to_parent[1]);
     }
-    ::close(to_parent[1]);
-    std::vector<double> walls;
-    row_result r;
-    bool failed = false;
-    for (int call = 0; call < 1 + sh.timed_calls && !failed; ++call) {
+    [[noreturn]] void worker(int w, host_data& data, const shape& sh, const paths& p, const bandwidths& bw) {
+        ::close(to_parent[0]);
+        auto send = [&](const msg& m) {
+            if (::write(to_parent[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) std::_Exit(4);
+        };
+        try {
+            auto disk = p.disk / ("w" + std::to_string(w));
+            auto shm = p.shm / ("w" + std::to_string(w));
+            fs::create_directories(disk);
+            fs::create_directories(shm);
+            virtual_tier_options o;
+            o.name = "vt";
+            o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
+            o.locks.directory = p.locks;
+            o.lock_names = {"disk", "shm"};
+            two_path_tier_node vt(o, child_args(disk, disk_options("disk")),
+                                  child_args(half_of(bw), std::in_place, shm, disk_options("shm")));
+            // The parent's shared thread pool has no threads in this forked child: own one.
+            detail::thread_pool pool(compute_threads() - 1);
+            pipeline_options opt;
+            opt.pool = &pool;
+            opt.key_prefix = "w" + std::to_string(w);
+            const std::size_t params = sh.subgroups / workers * sh.subgroup_size;
+            const std::size_t offset = static_cast<std::size_t>(w) * params;
+            auto cfg = config_for(sh, params, sh.budget_bytes() / workers, opt);
+            update_pipeline<two_path_tier_node, float16> pipe(
+                vt, cfg, std::span<const float>(data.init).subspan(offset, params), opt);
+            auto grads = std::span<const float16>(data.grads).subspan(offset, params);
+            auto copy = std::span<float16>(data.copy).subspan(offset, params);
+            for (;;) {
+                char cmd = 0;
+                if (::read(from_parent[w][0], &cmd, 1) != 1 || cmd == 0) break;
+                auto t0 = clk::now();
+                pipe.update(grads, copy);
+                const auto& st = pipe.last_stats();
+                send({std::chrono::duration<double>(clk::now() - t0).count(), st.read_wait_seconds, st.compute_seconds,
+                      st.write_wait_seconds, static_cast<double>(st.bytes_read), static_cast<double>(st.bytes_written),
+                      static_cast<double>(st.served_from_resident), 1});
+            }
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "worker %d: %s\n", w, e.what());
+            send({0, 0, 0, 0, 0, 0, 0, -1});
+            std::_Exit(1);
+        }
+        std::_Exit(0);
+    }
+    sample call() override {
         auto t0 = clk::now();
         for (int w = 0; w < workers; ++w) {
             char go = 1;
-            if (::write(from_parent[w][1], &go, 1) != 1) failed = true;
+            if (::write(from_parent[w][1], &go, 1) != 1) throw std::runtime_error("a node_lock worker is gone");
         }
+        sample x;
         for (int w = 0; w < workers; ++w) {
             msg m{};
-            if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 1) failed = true;
+            if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 1)
+                throw std::runtime_error("a node_lock worker process failed (see stderr)");
+            x.read_wait = std::max(x.read_wait, m.read_wait);
+            x.compute = std::max(x.compute, m.compute);
+            x.write_wait = std::max(x.write_wait, m.write_wait);
+            x.bytes_read += m.bytes_read;
+            x.bytes_written += m.bytes_written;
+            x.served += m.served;
         }
-        if (call > 0) walls.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+        x.secs = std::chrono::duration<double>(clk::now() - t0).count();
+        return x;
     }
-    for (int w = 0; w < workers && !failed; ++w) {
-        char ask = 2;
-        if (::write(from_parent[w][1], &ask, 1) != 1) failed = true;
-        msg m{};
-        if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 2) {
-            failed = true;
-            break;
+    ~two_process_runner() override {
+        for (int w = 0; w < workers; ++w) {
+            if (from_parent[w][1] >= 0) {
+                char stop = 0;
+                (void)!::write(from_parent[w][1], &stop, 1);
+                ::close(from_parent[w][1]);
+            }
         }
-        r.read_wait_s = std::max(r.read_wait_s, m.read_wait);
-        r.compute_s = std::max(r.compute_s, m.compute);
-        r.write_wait_s = std::max(r.write_wait_s, m.write_wait);
-        r.bytes_read += m.bytes_read;
-        r.bytes_written += m.bytes_written;
-        r.served += m.served;
+        for (auto pid : pids) {
+            int st = 0;
+            ::waitpid(pid, &st, 0);
+        }
+        if (to_parent[0] >= 0) ::close(to_parent[0]);
+        if (old_sigpipe) std::signal(SIGPIPE, old_sigpipe);
     }
-    for (int w = 0; w < workers; ++w) ::close(from_parent[w][1]);
-    ::close(to_parent[0]);
-    std::string why;
-    for (auto pid : pids) {
-        int st = 0;
-        ::waitpid(pid, &st, 0);
-        if (WIFSIGNALED(st)) why += " worker killed by signal " + std::to_string(WTERMSIG(st)) + ";";
-        else if (WIFEXITED(st) && WEXITSTATUS(st) != 0) why += " worker exit status " + std::to_string(WEXITSTATUS(st)) + ";";
-    }
-    if (failed || !why.empty()) throw std::runtime_error("a node_lock worker process failed:" + why + " (see stderr)");
-    r.update_s = median(walls);
-    r.note = "wall time of both workers; waits are the slower worker's";
-    return r;
-}
+};
 
 // ---- The run ----------------------------------------------------------------------------
 
+struct row_summary {
+    std::string name, error, note;
+    double update_s = 0, read_wait_s = 0, compute_s = 0, write_wait_s = 0, handover_s = 0;
+    double bytes_read = 0, bytes_written = 0, served = 0;
+    double floor_s = 0, vs_limit = 0, speedup = 0, speedup_with_handover = 0;
+};
+
 struct results {
     shape sh;
-    bandwidths bw;
-    std::vector<row_result> rows;
+    bandwidths bw;           // the first measurement (sets the shm throttle)
+    std::vector<double> disk_totals;  // per timed round
+    std::vector<row_summary> rows;
     std::string error;
 };
 
@@ -397,103 +417,164 @@ results& the_results() {
         results out;
         out.sh = the_shape();
         const auto& sh = out.sh;
-        try {
+        paths p;
+        p.disk = bench::scratch_dir() / ("update_phase-" + std::to_string(::getpid()));
+        fs::path shm_root = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : bench::scratch_dir();
+        p.shm = shm_root / ("spillway-update-phase-" + std::to_string(::getpid()));
+        p.locks = p.shm / "locks";
+        struct cleanup {
             paths p;
-            p.disk = bench::scratch_dir() / ("update_phase-" + std::to_string(::getpid()));
-            fs::path shm_root = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : bench::scratch_dir();
-            p.shm_is_tmpfs = shm_root == "/dev/shm";
-            p.shm = shm_root / ("spillway-update-phase-" + std::to_string(::getpid()));
-            fs::path locks = p.shm / "locks";
+            ~cleanup() {
+                std::error_code ec;
+                fs::remove_all(p.disk, ec);
+                fs::remove_all(p.shm, ec);
+            }
+        } guard{p};
+        try {
             fs::create_directories(p.disk);
-            fs::create_directories(p.shm);
-            fs::create_directories(locks);
-            struct cleanup {
-                paths p;
-                ~cleanup() {
-                    std::error_code ec;
-                    fs::remove_all(p.disk, ec);
-                    fs::remove_all(p.shm, ec);
-                }
-            } guard{p};
+            fs::create_directories(p.locks);
             out.bw = measure_disk(p.disk, sh);
-            const auto& bw = out.bw;
+            const auto bw = out.bw;
             auto data = make_data(sh.params());
             const double blob = 12.0 * static_cast<double>(sh.subgroup_size);
             const double n = static_cast<double>(sh.subgroups);
+            const double resident = static_cast<double>(std::min(sh.budget_buffers - 3, sh.subgroups));
+            const double worker_resident = static_cast<double>(std::min(sh.budget_buffers / 2 - 3, sh.subgroups / 2));
+            detail::thread_pool pool(compute_threads() - 1);
 
-            // Each row runs on its own; a failing row is reported and the others still run.
             // SPILLWAY_UPDATE_PHASE_ROWS (e.g. "1,5") picks rows (1-based) for debugging.
             const char* pick = std::getenv("SPILLWAY_UPDATE_PHASE_ROWS");
             auto wanted = [&](int row) {
-                return !pick || !*pick || std::string(",") .append(pick).append(",").find("," + std::to_string(row) + ",") != std::string::npos;
+                return !pick || !*pick ||
+                       (std::string(",") + pick + ",").find("," + std::to_string(row) + ",") != std::string::npos;
             };
-            auto guarded = [&](int row, const char* name, auto&& fn) {
-                row_result r;
+            std::vector<std::unique_ptr<runner>> rows;
+            auto build = [&](int row, const char* name, double traffic, bool two, auto&& make) {
+                std::unique_ptr<runner> r;
+                std::string error;
+                auto t0 = clk::now();
                 if (wanted(row)) {
-                    auto t0 = clk::now();
                     try {
-                        r = fn();
+                        r = make();
                     } catch (const std::exception& e) {
-                        r.error = e.what();
+                        error = e.what();
                     }
-                    std::fprintf(stderr, "[update_phase] row %d %s: %s (%.1f s)\n", row, name,
-                                 r.error.empty() ? "done" : r.error.c_str(),
-                                 std::chrono::duration<double>(clk::now() - t0).count());
                 } else {
-                    r.error = "not selected (SPILLWAY_UPDATE_PHASE_ROWS)";
+                    error = "not selected (SPILLWAY_UPDATE_PHASE_ROWS)";
                 }
-                r.name = name;
-                out.rows.push_back(r);
-            };
-            auto single = [&](pipeline_options opt) {
-                file_tier<> disk(p.disk, disk_options("disk"));
-                run_spec spec{opt, sh.params(), 0, sh.budget_bytes(), sh.timed_calls};
-                return run_in_process(disk, data, sh, spec);
+                if (!r) {
+                    struct failed : runner {
+                        sample call() override { return {}; }
+                    };
+                    r = std::make_unique<failed>();
+                    r->error = error;
+                }
+                r->name = name;
+                r->traffic = traffic;
+                r->two_paths = two;
+                std::fprintf(stderr, "[update_phase] row %d %s initialised: %s (%.1f s)\n", row, name,
+                             r->error.empty() ? "ok" : r->error.c_str(), std::chrono::duration<double>(clk::now() - t0).count());
+                rows.push_back(std::move(r));
             };
             pipeline_options base;
+            base.pool = &pool;
             base.order = subgroup_order::ascending;
             base.resident = resident_policy::none;
             base.gradients = gradient_path::fp32_on_tier;
+            base.key_prefix = "baseline";
             pipeline_options lazy = base;
             lazy.gradients = gradient_path::lazy_widening;
+            lazy.key_prefix = "lazy";
             pipeline_options full = lazy;
             full.order = subgroup_order::alternating;
             full.resident = resident_policy::keep_last_updated;
-            const double resident = static_cast<double>(std::min(sh.budget_buffers - 3, sh.subgroups));
-
-            guarded(1, "baseline", [&] {
-                auto r = single(base);
-                r.floor_s = (n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size) + n * blob) / bw.disk_total();
-                return r;
+            full.key_prefix = "alternating";
+            auto disk_tier = [&](const char* sub) {
+                fs::create_directories(p.disk / sub);
+                return std::make_unique<file_tier<>>(p.disk / sub, disk_options("disk"));
+            };
+            build(1, "baseline", 2 * n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size), false, [&] {
+                return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("baseline"), data, sh, base);
             });
-            guarded(2, "+lazy_widening", [&] {
-                auto r = single(lazy);
-                r.floor_s = 2 * n * blob / bw.disk_total();
-                return r;
+            build(2, "+lazy_widening", 2 * n * blob, false, [&] {
+                return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("lazy"), data, sh, lazy);
             });
-            guarded(3, "+alternating_resident", [&] {
-                auto r = single(full);
-                r.floor_s = 2 * (n - resident) * blob / bw.disk_total();
-                return r;
+            build(3, "+alternating_resident", 2 * (n - resident) * blob, false, [&] {
+                return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("alternating"), data, sh, full);
             });
-            guarded(4, "+second_path", [&] {
+            build(4, "+second_path", 2 * (n - resident) * blob, true, [&] {
                 virtual_tier_options o;
                 o.name = "vt";
                 o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
-                two_path_tier_null vt(o, child_args(p.disk, disk_options("disk")),
-                                      child_args(half_of(bw), std::in_place, p.shm, disk_options("shm")));
-                run_spec spec{full, sh.params(), 0, sh.budget_bytes(), sh.timed_calls};
-                auto r = run_in_process(vt, data, sh, spec);
-                r.floor_s = 2 * (n - resident) * blob / (1.5 * bw.disk_total());
-                return r;
+                fs::create_directories(p.disk / "second");
+                fs::create_directories(p.shm / "second");
+                auto vt = std::make_unique<two_path_tier_null>(
+                    o, child_args(p.disk / "second", disk_options("disk")),
+                    child_args(half_of(bw), std::in_place, p.shm / "second", disk_options("shm")));
+                auto opt = full;
+                opt.key_prefix = "second";
+                return std::make_unique<pipe_runner<two_path_tier_null>>(std::move(vt), data, sh, opt);
             });
-            guarded(5, "+node_lock_2proc", [&] {
-                auto r = run_two_processes(data, sh, p, bw, locks);
-                const double per_worker_resident =
-                    static_cast<double>(std::min(sh.budget_buffers / 2 - 3, sh.subgroups / 2));
-                r.floor_s = 2 * (n - 2 * per_worker_resident) * blob / (1.5 * bw.disk_total());
-                return r;
-            });
+            build(5, "+node_lock_2proc", 2 * (n - 2 * worker_resident) * blob, true,
+                  [&] { return std::make_unique<two_process_runner>(data, sh, p, bw); });
+            rows.back()->note = "wall time of both workers; waits are the slower worker's, bytes the sum";
+
+            // Rounds: call 0 warms up (it reads every subgroup); then each timed round calls
+            // every row once and measures the disk right after.
+            for (int round = 0; round <= sh.timed_calls; ++round) {
+                for (auto& r : rows) {
+                    if (!r->error.empty()) continue;
+                    try {
+                        auto x = r->call();
+                        if (round > 0) r->samples.push_back(x);
+                    } catch (const std::exception& e) {
+                        r->error = e.what();
+                    }
+                }
+                if (round > 0) out.disk_totals.push_back(round == 1 && bench::smoke() ? bw.disk_total()
+                                                                                      : measure_disk(p.disk, sh).disk_total());
+                std::fprintf(stderr, "[update_phase] round %d done\n", round);
+            }
+            const double shm_total = bw.disk_total() / 2;
+            const auto& b = *rows[0];
+            for (auto& r : rows) {
+                row_summary s;
+                s.name = r->name;
+                s.error = r->error;
+                s.note = r->note;
+                if (s.error.empty() && !r->samples.empty()) {
+                    auto med = [&](auto field) {
+                        std::vector<double> v;
+                        for (auto& x : r->samples) v.push_back(field(x));
+                        return median(v);
+                    };
+                    s.update_s = med([](const sample& x) { return x.secs; });
+                    s.read_wait_s = med([](const sample& x) { return x.read_wait; });
+                    s.compute_s = med([](const sample& x) { return x.compute; });
+                    s.write_wait_s = med([](const sample& x) { return x.write_wait; });
+                    s.handover_s = med([](const sample& x) { return x.handover; });
+                    s.bytes_read = med([](const sample& x) { return x.bytes_read; });
+                    s.bytes_written = med([](const sample& x) { return x.bytes_written; });
+                    s.served = med([](const sample& x) { return x.served; });
+                    std::vector<double> floors, vs, sp, sph;
+                    for (std::size_t k = 0; k < r->samples.size(); ++k) {
+                        double agg = out.disk_totals[std::min(k, out.disk_totals.size() - 1)] + (r->two_paths ? shm_total : 0);
+                        double fl = r->traffic / agg;
+                        floors.push_back(fl);
+                        vs.push_back(fl / r->samples[k].secs);
+                        if (b.error.empty() && k < b.samples.size()) {
+                            sp.push_back(b.samples[k].secs / r->samples[k].secs);
+                            sph.push_back((b.samples[k].secs + b.samples[k].handover) /
+                                          (r->samples[k].secs + r->samples[k].handover));
+                        }
+                    }
+                    s.floor_s = median(floors);
+                    s.vs_limit = median(vs);
+                    s.speedup = median(sp);
+                    s.speedup_with_handover = median(sph);
+                }
+                out.rows.push_back(s);
+            }
         } catch (const std::exception& e) {
             out.error = e.what();
         }
@@ -504,26 +585,14 @@ results& the_results() {
 
 void report_row(benchmark::State& state, std::size_t index) {
     auto& res = the_results();
-    if (!res.error.empty()) {
-        state.SkipWithError(res.error.c_str());
-        for (auto _ : state) {
-        }
-        return;
-    }
-    if (index >= res.rows.size()) {
-        state.SkipWithError("row did not run");
+    std::string error = !res.error.empty() ? res.error : index >= res.rows.size() ? "row did not run" : res.rows[index].error;
+    if (!error.empty()) {
+        state.SkipWithError(error.c_str());
         for (auto _ : state) {
         }
         return;
     }
     const auto& r = res.rows[index];
-    const auto& b = res.rows[0];
-    if (!r.error.empty()) {
-        state.SkipWithError(r.error.c_str());
-        for (auto _ : state) {
-        }
-        return;
-    }
     for (auto _ : state) state.SetIterationTime(r.update_s);
     state.counters["update_s"] = r.update_s;
     state.counters["read_wait_s"] = r.read_wait_s;
@@ -534,16 +603,16 @@ void report_row(benchmark::State& state, std::size_t index) {
     state.counters["bytes_written"] = r.bytes_written;
     state.counters["bytes_moved"] = r.bytes_read + r.bytes_written + (index == 0 ? 4.0 * static_cast<double>(res.sh.params()) : 0.0);
     state.counters["served_resident"] = r.served;
-    if (b.error.empty()) {  // the baseline ran
-        state.counters["speedup"] = b.update_s / r.update_s;
-        state.counters["speedup_with_handover"] = (b.update_s + b.handover_s) / (r.update_s + r.handover_s);
+    if (res.rows[0].error.empty()) {
+        state.counters["speedup"] = r.speedup;
+        state.counters["speedup_with_handover"] = r.speedup_with_handover;
     }
     state.counters["floor_s"] = r.floor_s;
-    state.counters["vs_limit"] = r.floor_s / r.update_s;
+    state.counters["vs_limit"] = r.vs_limit;
     state.counters["state_GiB"] = 12.0 * static_cast<double>(res.sh.params()) / static_cast<double>(1u << 30);
     state.counters["buffer_GiB"] = static_cast<double>(res.sh.budget_bytes()) / static_cast<double>(1u << 30);
-    state.counters["disk_read_Bps"] = res.bw.disk_read;
-    state.counters["disk_write_Bps"] = res.bw.disk_write;
+    state.counters["disk_mixed_Bps"] = median(res.disk_totals);
+    state.counters["shm_throttle_Bps"] = res.bw.disk_total() / 2;
     std::string label = "limit: " + res.bw.how;
     if (!r.note.empty()) label += "; " + r.note;
     state.SetLabel(label);
