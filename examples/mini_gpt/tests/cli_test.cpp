@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -85,9 +84,11 @@ void expect_refused(const result& r, const std::vector<std::string>& needles) {
 
 std::vector<std::string> json_losses(const std::string& out) {
     std::vector<std::string> v;
-    std::regex re("\"loss\":([^,]+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
-        v.push_back((*it)[1].str());
+    const std::string key = "\"loss\":";
+    for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1)) {
+        auto begin = at + key.size();
+        v.push_back(out.substr(begin, out.find(',', begin) - begin));
+    }
     return v;
 }
 
