@@ -6,10 +6,11 @@
 // splits it into `bs` pieces with up to `qd` in flight, with O_DIRECT. The limit is fio on
 // the same file system with the same pattern: bs, iodepth=qd, direct=1, ioengine=io_uring,
 // size=S, sequential (JSON output, bw_bytes); `vs_limit` = our bytes/s / fio's bytes/s, both
-// measured in the same repetition. Both sides overwrite written blocks: fio's file is
-// written in full once before the first row, and each tier row warms up with two writes so
-// that its timed writes recycle a spare file (file_tier_options::spare_files), which is
-// the steady state of a tier whose blobs are rewritten. Host tier rows: blobs of `bs` bytes; the limit is a
+// measured in the same call. fio runs on the tier's own blob file (same file system, same
+// blocks), before our loop on every other call and after it on the others. Each tier row
+// warms up with two writes so that its timed writes recycle a spare file
+// (file_tier_options::spare_files): the steady state of a tier whose blobs are rewritten,
+// and, like fio's, overwrites of written blocks. Host tier rows: blobs of `bs` bytes; the limit is a
 // memcpy of the same size between resident buffers.
 //
 // Flags (besides Google Benchmark's): --full sweeps bs 128 KiB..64 MiB (powers of two) and
@@ -84,30 +85,12 @@ std::string run_command(const std::string& cmd, int& status) {
     return out;
 }
 
-/// The largest blob of any row: fio's file is written once at this size.
-std::size_t max_blob_size = 0;
-
-/// fio's file, written in full once (so fio, like the tier with its spare files, overwrites
-/// written blocks); main() removes it at the end.
-fs::path fio_file_path;
-
-const fs::path& fio_file(const fs::path& dir_path) {
-    if (fio_file_path.empty()) {
-        fio_file_path = dir_path / "fio-limit.dat";
-        int status = 0;
-        run_command("fio --name=prepare --filename=" + fio_file_path.string() +
-                        " --rw=write --bs=8M --iodepth=8 --direct=1 --ioengine=io_uring --size=" +
-                        std::to_string(max_blob_size) + " >/dev/null 2>&1",
-                    status);
-    }
-    return fio_file_path;
-}
-
 /// fio's bandwidth (bytes/s) for the same pattern, or a negative value when fio failed.
-double fio_limit(direction dir, const fs::path& dir_path, std::size_t bs, unsigned qd, std::size_t size,
+/// fio reads or overwrites `file` itself (the tier's own blob: same file system, same
+/// blocks), with the tier's pattern.
+double fio_limit(direction dir, const fs::path& file, std::size_t bs, unsigned qd, std::size_t size,
                  unsigned loops) {
     if (!fio_available()) return -1;
-    const auto& file = fio_file(dir_path);
     std::string cmd = "fio --name=limit --filename=" + file.string() + " --rw=" +
                       (dir == direction::read ? "read" : "write") + " --bs=" + std::to_string(bs) +
                       " --iodepth=" + std::to_string(qd) + " --direct=1 --ioengine=io_uring --size=" +
@@ -165,6 +148,15 @@ void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned q
     tier->write(key, buf.bytes()).wait();
     if (dir == direction::write) tier->write(key, buf.bytes()).wait();
 
+    // The limit: fio on the tier's own file with the same pattern, measured in the same call,
+    // before ours on every other call and after it on the others (so that drift in a busy
+    // machine's load does not favour one side).
+    static unsigned calls = 0;
+    const bool fio_first = (++calls % 2) == 0;
+    const auto file = tier->path_of(key);
+    const auto loops = static_cast<unsigned>(state.max_iterations);
+    double fio = fio_first ? fio_limit(dir, file, bs, qd, size, loops) : 0;
+
     auto t0 = std::chrono::steady_clock::now();
     for (auto _ : state) {
         if (dir == direction::read) tier->read(key, buf.bytes()).wait();
@@ -174,11 +166,10 @@ void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned q
     const double bytes = static_cast<double>(size) * static_cast<double>(state.iterations());
     state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
     std::string label = tier->direct_io() ? "O_DIRECT" : "buffered (" + tier->direct_io_note() + ")";
+    if (!fio_first) fio = fio_limit(dir, file, bs, qd, size, loops);
     tier->erase(key);
     tier.reset();
 
-    // The limit, measured right after ours on the same file system with the same pattern.
-    const double fio = fio_limit(dir, dir_path, bs, qd, size, static_cast<unsigned>(state.iterations()));
     state.counters["blob_MiB"] = static_cast<double>(size) / MiB;
     if (fio > 0) {
         state.counters["fio_bytes_per_second"] = fio;
@@ -252,7 +243,6 @@ void register_rows(bool full) {
             for (std::size_t bs : sizes)
                 for (unsigned qd : depths) {
                     const auto size = static_cast<std::int64_t>(file_blob_size(bs, qd));
-                    max_blob_size = std::max(max_blob_size, file_blob_size(bs, qd));
                     auto* b = benchmark::RegisterBenchmark(
                         row_name(dir, kind, bs, qd).c_str(), [=](benchmark::State& st) {
 #if SPILLWAY_HAS_LIBURING
@@ -287,14 +277,10 @@ int main(int argc, char** argv) {
     if (!fio_available())
         std::printf("fio is not installed: file tier rows report no vs_limit (apt-get install fio)\n");
     else
-        std::printf("limit: fio (ioengine=io_uring, direct=1, same bs/iodepth/size) in %s\n",
+        std::printf("limit: fio (ioengine=io_uring, direct=1, same bs/iodepth/size) on the tier's own file in %s\n",
                     (bench::scratch_dir() / "tiers").c_str());
     register_rows(full);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
-    if (!fio_file_path.empty()) {
-        std::error_code ec;
-        fs::remove(fio_file_path, ec);
-    }
     return 0;
 }
