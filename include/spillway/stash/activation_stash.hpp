@@ -43,8 +43,9 @@
 //     freed (returned to the pool), unless backward already took the tensor or it lies in the
 //     prefetch window, in which case it stays resident (forwarded).
 //  3. Backward begins with start_backward() or the first load(). On the profiling step the
-//     split is planned now (forward time measured; tier bandwidth given or probed); on later
-//     steps of the adaptive split it is re-planned from the bandwidth the tier delivered.
+//     split is planned now (forward time measured; tier bandwidth given or probed). Later
+//     adaptive steps re-plan when the next step begins, from the bandwidth the tier
+//     delivered during the step that ended.
 //  4. Prefetch: for the layer backward is in, every tensor of its own layer and of the
 //     prefetch_layers offloading layers before it (kept layers need no reads and do not
 //     count) is made resident, newest first: a queued write is cancelled (write skip), an
@@ -710,6 +711,8 @@ private:
 
     void enter_forward() {
         if (phase_ == phase::backward) {
+            if (opt_.split == split_mode::adaptive && plan_.planned && !after_profiling_ && opt_.tier_bandwidth == 0)
+                replan_from_tier();
             phase_ = phase::forward;
             ++step_;
             layers_.clear();
@@ -754,35 +757,29 @@ private:
             const double forward = step_open_ ? seconds_since(step_start_) : 0.0;  // before the probe
             apply_plan(opt_.tier_bandwidth > 0 ? opt_.tier_bandwidth : probe_bandwidth(lock), forward);
             after_profiling_ = true;
-        } else if (opt_.split == split_mode::adaptive && plan_.planned && opt_.tier_bandwidth == 0) {
-            replan_from_tier();
         }
         profiling_ = false;
-        backward_stats_ = tier_.stats();
-        have_backward_stats_ = true;
+        forward_seconds_ = step_open_ ? seconds_since(step_start_) : 0.0;
     }
 
-    // Re-plans with the bandwidth the tier delivered since the last backward (its writes in
-    // this forward, its reads in the last backward: bytes over busy seconds, the slower
-    // direction), so that a tier that slows down or speeds up moves the split for the next
-    // step.
+    // Re-plans, as the next step begins, from the step that ended: its layers, its forward
+    // time, and the bandwidth the tier delivered during it (bytes over busy seconds of its
+    // writes and of its reads, the slower direction; whole step, so no operation is cut in
+    // half). A slower tier is believed at once (waiting costs more than keeping); a faster
+    // one half way per step.
     void replan_from_tier() {
         tier_stats now = tier_.stats();
         auto rate = [](std::uint64_t bytes, double busy) {
             return bytes > 0 && busy > 0 ? static_cast<double>(bytes) / busy : 0.0;
         };
-        double observed = rate(now.bytes_written - forward_stats_.bytes_written,
-                               now.write_busy_seconds - forward_stats_.write_busy_seconds);
-        if (have_backward_stats_) {
-            double r = rate(forward_stats_.bytes_read - backward_stats_.bytes_read,
-                            forward_stats_.read_busy_seconds - backward_stats_.read_busy_seconds);
-            if (r > 0) observed = observed > 0 ? std::min(observed, r) : r;
-        }
+        double w = rate(now.bytes_written - forward_stats_.bytes_written,
+                        now.write_busy_seconds - forward_stats_.write_busy_seconds);
+        double r = rate(now.bytes_read - forward_stats_.bytes_read,
+                        now.read_busy_seconds - forward_stats_.read_busy_seconds);
+        double observed = w > 0 && r > 0 ? std::min(w, r) : std::max(w, r);
         if (observed <= 0) return;  // nothing moved: nothing learned
-        // A slower tier is believed at once (waiting costs more than keeping); a faster one
-        // half way per step.
         double bw = observed < plan_.tier_bandwidth ? observed : 0.5 * (plan_.tier_bandwidth + observed);
-        apply_plan(bw, step_open_ ? seconds_since(step_start_) : 0.0);
+        apply_plan(bw, forward_seconds_);
     }
 
     void apply_plan(double bandwidth, double forward_seconds) {
@@ -1207,8 +1204,8 @@ private:
     std::size_t backward_position_ = 0;
 
     split_plan plan_;
-    tier_stats forward_stats_{}, backward_stats_{};  // the tier's counters when forward / backward began
-    bool have_backward_stats_ = false;
+    tier_stats forward_stats_{};   // the tier's counters when the step began
+    double forward_seconds_ = 0;   // the last forward's duration
     std::size_t first_kept_ = std::numeric_limits<std::size_t>::max();
 
     // Last: destroyed (drained and joined) first, while everything above is alive.
