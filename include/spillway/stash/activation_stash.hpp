@@ -125,8 +125,8 @@ struct stash_options {
     std::size_t write_threads = 1;  // >= 1: each runs one write at a time
     std::size_t read_threads = 1;   // >= 1
     /// Free buffers are kept for reuse (counted as resident) up to pool_limit bytes, and
-    /// beyond that while resident bytes stay within the most the stash ever held: the pool
-    /// never lifts the peak by more than pool_limit.
+    /// beyond that while resident bytes stay within the most the stash held in this step or
+    /// the last: the pool never lifts the peak by more than pool_limit.
     std::size_t pool_limit = std::size_t{64} << 20;
     /// First part of every tier key; must pass validate_key.
     std::string key_prefix = "act";
@@ -720,6 +720,7 @@ private:
             order_.clear();
             cursor_ = 0;
             step_open_ = false;
+            roll_high_water();
             if (after_profiling_) {
                 // The profiling step held everything: that peak must not size the pool.
                 after_profiling_ = false;
@@ -851,12 +852,26 @@ private:
             resident_ -= it->second.capacity();
             pool_.erase(it);
         }
-        held_peak_ = resident_ - pool_bytes_;
+        held_peak_ = step_held_peak_ = resident_ - pool_bytes_;
         stats_.peak_resident_bytes = resident_;
+    }
+    // A new step: the high-water mark becomes the last step's (one bad step, a stalled
+    // tier, must not keep its memory in the pool for ever), and the pool shrinks to it.
+    void roll_high_water() {
+        const std::size_t held = resident_ - pool_bytes_;
+        held_peak_ = std::max(step_held_peak_, held);
+        step_held_peak_ = held;
+        while (!pool_.empty() && resident_ > std::max(held_peak_, held + opt_.pool_limit)) {
+            auto it = std::prev(pool_.end());
+            pool_bytes_ -= it->second.capacity();
+            resident_ -= it->second.capacity();
+            pool_.erase(it);
+        }
     }
     void note_peaks() {
         stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_);
         held_peak_ = std::max(held_peak_, resident_ - pool_bytes_);
+        step_held_peak_ = std::max(step_held_peak_, resident_ - pool_bytes_);
     }
 
     std::optional<aligned_buffer> take_pooled(std::size_t nbytes) {
@@ -870,8 +885,8 @@ private:
 
     // A buffer the stash no longer needs: into the pool (still resident) or freed. The pool
     // keeps it while it holds at most pool_limit bytes, or while resident bytes stay within
-    // the held high-water mark (memory the stash needed anyway: reusing it next step costs
-    // no peak, and saves the allocation and page faults of a fresh buffer).
+    // the held high-water mark of this step and the last (memory the stash needed anyway:
+    // reusing it costs no peak, and saves the allocation and page faults of a fresh buffer).
     void free_buffer(aligned_buffer&& b) {
         if (!b.data()) return;
         if (pool_bytes_ + b.capacity() <= opt_.pool_limit || resident_ <= held_peak_) {
@@ -1182,7 +1197,8 @@ private:
     std::multimap<std::size_t, aligned_buffer> pool_;          // by size()
     std::size_t pool_bytes_ = 0;
     std::size_t resident_ = 0;
-    std::size_t held_peak_ = 0;  // most bytes ever held by tensors and reads (resident minus pool)
+    std::size_t held_peak_ = 0;       // most bytes held (resident minus pool) this step and the last
+    std::size_t step_held_peak_ = 0;  // most bytes held this step
     stash_stats stats_;
     std::exception_ptr pending_error_;
     std::uint64_t next_entry_ = 0, next_handle_ = 0;
