@@ -94,6 +94,7 @@
 #include "spillway/error.hpp"
 #include "spillway/lock/lock_policy.hpp"
 #include "spillway/tier/bandwidth_split.hpp"
+#include "spillway/tier/host_tier.hpp"
 #include "spillway/tier/storage_tier.hpp"
 #include "spillway/tier/tier_stats.hpp"
 
@@ -1044,5 +1045,8 @@ private:
     bool stopping_ = false;
     std::vector<std::thread> workers_;  // last: started once everything else exists
 };
+
+static_assert(storage_tier<virtual_tier<null_lock, host_tier, host_tier&>>);
+static_assert(storage_tier<virtual_tier<thread_lock, std::vector<host_tier>>>);
 
 }  // namespace spillway
