@@ -1118,7 +1118,7 @@ private:
     }
 
     static std::string file_name(std::size_t s) {
-        char buf[32];
+        char buf[48];  // "subgroup-" + up to 20 digits + ".bin" + NUL
         std::snprintf(buf, sizeof buf, "subgroup-%06zu.bin", s);
         return buf;
     }
