@@ -12,7 +12,8 @@
 //                      gradients written to the tier in backward (hand-over) and read back
 //   2 +lazy_widening   fp16 gradients stay in host memory, widened inside the Adam step
 //   3 +alternating     alternating order, the 13 spare buffers keep subgroups resident
-//   4 +second_path     virtual tier over disk and shm (placement by measured bandwidth)
+//   4 +second_path     virtual tier over disk and shm (placement by measured bandwidth),
+//                      thread_lock: one read and one write per path at a time
 //   5 +node_lock_2proc two worker processes, each half the parameters and half the buffers,
 //                      sharing both paths under node_lock (one reader and one writer per path)
 // Noise: the disk is shared, so every row is built first (its state initialised on its own
@@ -26,7 +27,8 @@
 // update_s (1.0 = at the floor). floor_s = the row's minimum storage traffic (reads + writes,
 // 12 bytes per parameter each way less the resident set, + 4 per parameter read for fp32
 // gradients) over the aggregate bandwidth of the row's paths: the disk's bandwidth under a
-// 50/50 read/write mix (fio rw=rw, 1 MiB blocks, queue depth 8, O_DIRECT, io_uring), plus,
+// 50/50 read/write mix (fio rw=rw, 1 MiB blocks, the engines' queue depth, O_DIRECT,
+// io_uring), plus,
 // for two paths, the shm path's throttle (half of it).
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
 // SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
@@ -110,6 +112,8 @@ double json_bw(const std::string& out, const char* dir) {
     return p == std::string::npos ? -1 : std::strtod(out.c_str() + p + 1, nullptr);
 }
 
+unsigned queue_depth();
+
 /// The disk's bandwidth under the update's pattern: half reads, half writes.
 bandwidths measure_disk(const fs::path& dir, const shape& sh) {
     bandwidths bw;
@@ -117,14 +121,15 @@ bandwidths measure_disk(const fs::path& dir, const shape& sh) {
         auto file = dir / "fio-mix.dat";
         int status = 0;
         std::string out = run_command("fio --name=mix --filename=" + file.string() +
-                                          " --rw=rw --rwmixread=50 --bs=1M --iodepth=8 --direct=1 --ioengine=io_uring"
+                                          " --rw=rw --rwmixread=50 --bs=1M --iodepth=" + std::to_string(queue_depth()) +
+                                          " --direct=1 --ioengine=io_uring"
                                           " --size=2G --runtime=6 --time_based --output-format=json 2>/dev/null",
                                       status);
         fs::remove(file);
         bw.disk_read = json_bw(out, "read");
         bw.disk_write = json_bw(out, "write");
         if (status == 0 && bw.disk_read > 0 && bw.disk_write > 0) {
-            bw.how = "fio rw=rw 50/50 1MiB qd8 O_DIRECT";
+            bw.how = "fio rw=rw 50/50 1MiB qd" + std::to_string(queue_depth()) + " O_DIRECT io_uring";
             return bw;
         }
     }
@@ -220,7 +225,7 @@ throttle_config half_of(const bandwidths& bw) {
     return throttle_config::separate(bandwidth_limit{bw.disk_read / 2, 4 * MiB}, bandwidth_limit{bw.disk_write / 2, 4 * MiB});
 }
 
-using two_path_tier_null = virtual_tier<null_lock, file_tier<>, throttled_tier<file_tier<>>>;
+using two_path_tier_thread = virtual_tier<thread_lock, file_tier<>, throttled_tier<file_tier<>>>;
 using two_path_tier_node = virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>>;
 
 pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buffer_bytes, const pipeline_options& opt) {
@@ -448,7 +453,6 @@ results& the_results() {
                 return !pick || !*pick ||
                        (std::string(",") + pick + ",").find("," + std::to_string(row) + ",") != std::string::npos;
             };
-            std::vector<std::unique_ptr<runner>> rows;
             auto build = [&](int row, const char* name, double traffic, bool two, auto&& make) {
                 std::unique_ptr<runner> r;
                 std::string error;
@@ -474,7 +478,7 @@ results& the_results() {
                 r->two_paths = two;
                 std::fprintf(stderr, "[update_phase] row %d %s initialised: %s (%.1f s)\n", row, name,
                              r->error.empty() ? "ok" : r->error.c_str(), std::chrono::duration<double>(clk::now() - t0).count());
-                rows.push_back(std::move(r));
+                return r;
             };
             pipeline_options base;
             base.pool = &pool;
@@ -493,34 +497,50 @@ results& the_results() {
                 fs::create_directories(p.disk / sub);
                 return std::make_unique<file_tier<>>(p.disk / sub, disk_options("disk"));
             };
-            build(1, "baseline", 2 * n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size), false, [&] {
-                return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("baseline"), data, sh, base);
-            });
-            build(2, "+lazy_widening", 2 * n * blob, false, [&] {
-                return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("lazy"), data, sh, lazy);
-            });
-            build(3, "+alternating_resident", 2 * (n - resident) * blob, false, [&] {
-                return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("alternating"), data, sh, full);
-            });
-            build(4, "+second_path", 2 * (n - resident) * blob, true, [&] {
-                virtual_tier_options o;
-                o.name = "vt";
-                o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
-                fs::create_directories(p.disk / "second");
-                fs::create_directories(p.shm / "second");
-                auto vt = std::make_unique<two_path_tier_null>(
-                    o, child_args(p.disk / "second", disk_options("disk")),
-                    child_args(half_of(bw), std::in_place, p.shm / "second", disk_options("shm")));
-                auto opt = full;
-                opt.key_prefix = "second";
-                return std::make_unique<pipe_runner<two_path_tier_null>>(std::move(vt), data, sh, opt);
-            });
-            build(5, "+node_lock_2proc", 2 * (n - 2 * worker_resident) * blob, true,
-                  [&] { return std::make_unique<two_process_runner>(data, sh, p, bw); });
-            rows.back()->note = "wall time of both workers; waits are the slower worker's, bytes the sum";
-
-            // Rounds: call 0 warms up (it reads every subgroup); then each timed round calls
-            // every row once and measures the disk right after.
+            auto make_row = [&](int id) -> std::unique_ptr<runner> {
+                switch (id) {
+                    case 1:
+                        return build(1, "baseline", 2 * n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size), false, [&] {
+                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("baseline"), data, sh, base);
+                        });
+                    case 2:
+                        return build(2, "+lazy_widening", 2 * n * blob, false, [&] {
+                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("lazy"), data, sh, lazy);
+                        });
+                    case 3:
+                        return build(3, "+alternating_resident", 2 * (n - resident) * blob, false, [&] {
+                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("alternating"), data, sh, full);
+                        });
+                    case 4:
+                        return build(4, "+second_path", 2 * (n - resident) * blob, true, [&] {
+                            virtual_tier_options o;
+                            o.name = "vt";
+                            o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
+                            fs::create_directories(p.disk / "second");
+                            fs::create_directories(p.shm / "second");
+                            auto vt = std::make_unique<two_path_tier_thread>(
+                                o, child_args(p.disk / "second", disk_options("disk")),
+                                child_args(half_of(bw), std::in_place, p.shm / "second", disk_options("shm")));
+                            auto opt = full;
+                            opt.key_prefix = "second";
+                            return std::make_unique<pipe_runner<two_path_tier_thread>>(std::move(vt), data, sh, opt);
+                        });
+                    default: {
+                        auto r = build(5, "+node_lock_2proc", 2 * (n - 2 * worker_resident) * blob, true,
+                                       [&] { return std::make_unique<two_process_runner>(data, sh, p, bw); });
+                        r->note = "wall time of both workers; waits are the slower worker's, bytes the sum";
+                        return r;
+                    }
+                }
+            };
+            // A phase builds its rows (the baseline always among them), then runs rounds: call 0
+            // warms up (it reads every subgroup); then each timed round calls every row once and
+            // measures the disk right after. Two phases keep the host memory in use bounded.
+            out.rows.resize(5);
+            auto phase = [&](std::vector<int> ids, bool keep_baseline) {
+            std::vector<std::unique_ptr<runner>> rows;
+            for (int id : ids) rows.push_back(make_row(id));
+            std::vector<double> disk_totals;
             for (int round = 0; round <= sh.timed_calls; ++round) {
                 for (auto& r : rows) {
                     if (!r->error.empty()) continue;
@@ -531,13 +551,14 @@ results& the_results() {
                         r->error = e.what();
                     }
                 }
-                if (round > 0) out.disk_totals.push_back(round == 1 && bench::smoke() ? bw.disk_total()
-                                                                                      : measure_disk(p.disk, sh).disk_total());
+                if (round > 0) disk_totals.push_back(bench::smoke() ? bw.disk_total() : measure_disk(p.disk, sh).disk_total());
                 std::fprintf(stderr, "[update_phase] round %d done\n", round);
             }
             const double shm_total = bw.disk_total() / 2;
             const auto& b = *rows[0];
-            for (auto& r : rows) {
+            out.disk_totals.insert(out.disk_totals.end(), disk_totals.begin(), disk_totals.end());
+            for (std::size_t ri = 0; ri < rows.size(); ++ri) {
+                auto& r = rows[ri];
                 row_summary s;
                 s.name = r->name;
                 s.error = r->error;
@@ -558,7 +579,7 @@ results& the_results() {
                     s.served = med([](const sample& x) { return x.served; });
                     std::vector<double> floors, vs, sp, sph;
                     for (std::size_t k = 0; k < r->samples.size(); ++k) {
-                        double agg = out.disk_totals[std::min(k, out.disk_totals.size() - 1)] + (r->two_paths ? shm_total : 0);
+                        double agg = disk_totals[std::min(k, disk_totals.size() - 1)] + (r->two_paths ? shm_total : 0);
                         double fl = r->traffic / agg;
                         floors.push_back(fl);
                         vs.push_back(fl / r->samples[k].secs);
@@ -573,8 +594,11 @@ results& the_results() {
                     s.speedup = median(sp);
                     s.speedup_with_handover = median(sph);
                 }
-                out.rows.push_back(s);
+                if (ids[ri] != 1 || keep_baseline) out.rows[static_cast<std::size_t>(ids[ri] - 1)] = s;
             }
+            };
+            phase({1, 2, 3}, true);
+            phase({1, 4, 5}, false);
         } catch (const std::exception& e) {
             out.error = e.what();
         }
