@@ -10,7 +10,8 @@
 //   raw tier), tier (0 host, 1 file), split (0 adaptive with a profiling step, 1 offload all).
 //
 // Each iteration runs one step with split_mode::keep_all (the limit: every activation
-// resident, no I/O) and one step with the stash under test, back to back, so noise hits both.
+// resident, no I/O) and one step with the stash under test, back to back in alternating
+// order, so noise hits both.
 // Counters:
 //   overhead     = stash wall time / keep-all wall time - 1   (goal <= 0.05, or <= 0.10 when
 //                  the bandwidth cannot hide the I/O and the adaptive split keeps layers)
@@ -128,8 +129,14 @@ void run(benchmark::State& state, Tier& tier, const schedule& s, split_mode mode
     auto before = stash.stats();
     step_times keep_sum, stash_sum;
     for (auto _ : state) {
-        auto a = run_step(baseline, s, step);
-        auto b = run_step(stash, s, step);
+        step_times a, b;
+        if (step % 2 == 0) {  // alternate the order: neither run always follows the other
+            a = run_step(baseline, s, step);
+            b = run_step(stash, s, step);
+        } else {
+            b = run_step(stash, s, step);
+            a = run_step(baseline, s, step);
+        }
         if (!a.ok || !b.ok) {
             state.SkipWithError("a loaded activation did not match what was saved");
             return;
