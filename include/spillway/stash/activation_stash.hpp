@@ -59,7 +59,8 @@
 //     I/O in flight on it ends; flush() waits for erases too).
 //  7. A save() or begin_layer() after backward began starts the next step.
 // Errors: a failed write is reported by the next save(), begin_layer() or flush() (once)
-// and by every load() of that tensor; a failed read is reported by the load() that needed it
+// and by every load() of that tensor (unless backward already held it: its resident copy
+// is exact and stays); a failed read is reported by the load() that needed it
 // (a later load() retries). Both are std::system_error (the tier's errno) or
 // std::runtime_error naming the tensor and the tier. Misuse of a handle (empty, moved-from,
 // released, of another stash) is std::invalid_argument naming the tensor.
@@ -165,7 +166,9 @@ template <storage_tier Tier>
 class activation_stash;
 
 /// A move-only reference to one saved tensor. Obtained from save(); give it back to
-/// release(). It names its tensor so that misuse errors can say which one.
+/// release(). It names its tensor so that misuse errors can say which one. It does not
+/// release on destruction (it holds no pointer to its stash): a handle dropped or assigned
+/// over while live keeps its tensor until reset() or the stash's destruction.
 class stash_handle {
 public:
     stash_handle() = default;
