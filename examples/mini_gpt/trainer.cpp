@@ -18,6 +18,7 @@
 #include <variant>
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "corpus.hpp"
@@ -466,8 +467,14 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             << data_name << " (" << tokens.size() << " tokens)\n";
     }
     spillway::trace::track_id compute_track = recorder ? recorder->track("trainer") : 0;
+    auto process_cpu_ms = [] {
+        timespec ts{};
+        ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+    };
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
+        const double cpu0 = process_cpu_ms();
         fill_batch(tokens, step, B, T, row0, rows, inputs, targets);
         store->reset_peak();
         auto tf = clock_type::now();
@@ -535,6 +542,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         totals.total += step_ms;
         if (report) {
             report->step_ms.push_back(step_ms);
+            report->cpu_ms.push_back(process_cpu_ms() - cpu0);
             report->forward_ms.push_back(model.times().forward_ms);
             report->backward_ms.push_back(model.times().backward_ms);
             report->update_ms.push_back(upd_ms);

@@ -68,6 +68,7 @@ void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B,
 /// Per-step measurements of a run (for benchmarks and scripts).
 struct run_report {
     std::vector<double> step_ms, forward_ms, backward_ms, update_ms, io_wait_ms;
+    std::vector<double> cpu_ms;  // CPU time of the whole process (all threads) per step
     std::vector<std::size_t> act_peak_bytes;
     std::size_t all_kept_bytes = 0;  // activations if every layer were kept in memory
     double flops_per_step = 0;       // model FLOPs of one step (global batch)
