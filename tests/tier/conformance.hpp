@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -51,6 +52,26 @@ inline constexpr bool sanitized = true;
 inline constexpr std::size_t largest_blob = 64 * MiB;
 inline constexpr bool sanitized = false;
 #endif
+
+/// Test data: `nbytes` pseudo-random bytes, a different window of one shared random pool for
+/// each seed (cheap enough for 64 MiB blobs, even under sanitizers). Deterministic.
+inline std::vector<std::byte> blob(std::size_t nbytes, std::uint64_t seed) {
+    constexpr std::size_t window = MiB;  // seeds start anywhere in the first MiB
+    static const std::vector<std::uint64_t> pool = [] {
+        std::vector<std::uint64_t> words((largest_blob + window) / 8 + 1);
+        std::uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (auto& w : words) {  // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            w = x * 0x2545f4914f6cdd1dull;
+        }
+        return words;
+    }();
+    if (nbytes > largest_blob) return random_bytes(nbytes, seed);
+    const auto* base = reinterpret_cast<const std::byte*>(pool.data()) + (seed * 4099) % window;
+    return std::vector<std::byte>(base, base + nbytes);
+}
 
 /// Scratch space that outlives the tiers of one test case (declare it before the tier).
 class tier_env {

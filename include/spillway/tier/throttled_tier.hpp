@@ -280,7 +280,7 @@ private:
             }
             if (!released.empty()) {
                 lock.unlock();
-                for (auto& e : released) finish(e);
+                for (auto& e : released) finish(std::move(e));
                 released.clear();
                 lock.lock();
                 continue;
@@ -291,15 +291,22 @@ private:
         }
     }
 
-    void finish(entry& e) noexcept {
+    // Completes one released entry and drops every reference it holds at once, so that the
+    // caller, who is woken by the completion, normally holds the last reference to the
+    // operation's state and error (and frees them on its own thread).
+    void finish(entry&& released) noexcept {
+        entry e = std::move(released);
+        std::exception_ptr error;
+        std::size_t n = 0;
         try {
-            std::size_t n = e.inner.wait();
-            stats_.end(e.dir, n, true);
-            e.outer.succeed(n);
+            n = e.inner.wait();
         } catch (...) {
-            stats_.end(e.dir, e.nbytes, false);
-            e.outer.fail(std::current_exception());
+            error = std::current_exception();
         }
+        stats_.end(e.dir, error ? e.nbytes : n, !error);
+        completion_source outer = std::move(e.outer);
+        if (error) outer.fail(std::move(error));
+        else outer.succeed(n);
     }
 
     Inner inner_;
