@@ -17,7 +17,8 @@
 //  4. Torn write (inject_torn_write): the write stores only the first half of the blob in
 //     the inner tier and reports full success: a device that lies. The next read of that
 //     key with the right buffer size must fail with the inner tier's size check; it must
-//     never return the prefix as data.
+//     never return the prefix as data. A torn write waits for the inner write before
+//     write() returns (the fault path is synchronous).
 //  5. Otherwise the operation goes to the inner tier unchanged.
 // Guarantees: injected errors are std::system_error whose message names the tier, the
 // operation, the key, the size and the errno; an injected write failure leaves the previous
