@@ -66,7 +66,7 @@ TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
         for (auto type : all_dtypes) {
             for (auto count : counts) {
                 ++id;
-                auto d = make_desc("t" + std::to_string(id), id, {count}, type);
+                auto d = make_desc(std::string("t").append(std::to_string(id)), id, {count}, type);
                 auto bytes = random_bytes(static_cast<std::size_t>(count) * dtype_size(type), id);
                 REQUIRE(extent_bytes(d) == bytes.size());
                 all.push_back({stash.save(d, bytes), bytes});
@@ -716,7 +716,7 @@ TEST_CASE("concurrent saves, loads and releases from several threads") {
         for (int i = 0; i < per_thread; ++i) {
             auto n = static_cast<std::size_t>(4096 * (1 + (i * 7 + t) % 8));
             auto bytes = random_bytes(n, static_cast<std::uint64_t>(t * 1000 + i));
-            auto d = make_desc("t" + std::to_string(t) + "." + std::to_string(i),
+            auto d = make_desc(std::string("t").append(std::to_string(t)).append(".").append(std::to_string(i)),
                                static_cast<std::uint64_t>(t * 1000 + i + 1), {static_cast<std::int64_t>(n)},
                                dtype::u8);
             mine.emplace_back(stash.save(d, bytes), bytes);
