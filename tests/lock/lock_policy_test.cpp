@@ -63,7 +63,7 @@ TEST_CASE("thread_lock excludes the threads of one process") {
     std::thread([&] { other = l.try_lock(); }).join();
     CHECK_FALSE(other);
     l.unlock();
-    auto [overlaps, lost] = hammer(l, 4, 2000);
+    auto [overlaps, lost] = hammer(l, 4, 500);
     CHECK(overlaps == 0);
     CHECK(lost == 0);
 }
@@ -73,7 +73,7 @@ TEST_CASE("the overlap detector sees overlaps when nothing excludes") {
     // section, four threads do overlap.
     null_lock l;
     int overlaps = 0;
-    for (int attempt = 0; attempt < 20 && overlaps == 0; ++attempt) overlaps = hammer(l, 4, 2000).first;
+    for (int attempt = 0; attempt < 20 && overlaps == 0; ++attempt) overlaps = hammer(l, 4, 500).first;
     CHECK(overlaps > 0);
 }
 

@@ -137,9 +137,9 @@ bool wait_byte(int fd, int ms) {
 }
 
 #ifdef SPILLWAY_SANITIZED
-constexpr int kIterations = 100;
+constexpr int kIterations = 60;
 #else
-constexpr int kIterations = 300;
+constexpr int kIterations = 150;
 #endif
 
 }  // namespace
