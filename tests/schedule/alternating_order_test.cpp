@@ -89,13 +89,18 @@ TEST_CASE("alternating_order is a random-access view usable with std::ranges") {
     // Descending order is sorted with greater<>; binary search works on it.
     CHECK(std::ranges::is_sorted(o, std::ranges::greater{}));
     CHECK(std::ranges::binary_search(o, std::size_t{7}, std::ranges::greater{}));
-    // Composes with other views.
+    // Composes with other views. clang 14 cannot compile libstdc++ 12's range adaptors at all
+    // (not even over std::vector), so that part runs only with other compilers.
+#if defined(__clang__) && __clang_major__ < 15 && defined(__GLIBCXX__)
+    MESSAGE("clang < 15 with libstdc++: std::views adaptors unavailable, composition not checked");
+#else
     std::vector<std::size_t> rev;
     std::ranges::copy(o | std::views::reverse | std::views::take(3), std::back_inserter(rev));
     CHECK(rev == std::vector<std::size_t>{0, 1, 2});
     std::vector<std::size_t> evens;
     std::ranges::copy(o | std::views::filter([](std::size_t x) { return x % 2 == 0; }), std::back_inserter(evens));
     CHECK(evens == std::vector<std::size_t>{8, 6, 4, 2, 0});
+#endif
     CHECK(spillway::ascending_order(3)[2] == 2);
     static_assert(alternating_order(4, 1)[0] == 3);  // constexpr
 }

@@ -25,10 +25,11 @@ struct json_value {
     double num = 0;
     std::string str;
     std::vector<json_value> items;
-    std::vector<std::pair<std::string, json_value>> members;
+    std::vector<std::string> keys;     // object members: keys[i] -> values[i]
+    std::vector<json_value> values;    // (a pair would need the complete type)
     const json_value* get(const std::string& k) const {
-        for (auto& [key, v] : members)
-            if (key == k) return &v;
+        for (std::size_t i = 0; i < keys.size(); ++i)
+            if (keys[i] == k) return &values[i];
         return nullptr;
     }
 };
@@ -85,7 +86,8 @@ struct json_parser {
             while (true) {
                 std::string k = parse_string();
                 expect(':');
-                v.members.emplace_back(k, parse());
+                v.keys.push_back(k);
+                v.values.push_back(parse());
                 ws();
                 if (s[i] == ',') { ++i; continue; }
                 expect('}');

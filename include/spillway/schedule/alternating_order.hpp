@@ -39,7 +39,9 @@ constexpr direction reversed(direction d) noexcept {
 }
 
 /// The subgroup ids of one iteration, in the order the update phase visits them.
-class alternating_order : public std::ranges::view_interface<alternating_order> {
+// Derives from view_base (not view_interface, whose CRTP instantiation clang 14 rejects with
+// libstdc++ 12) and provides view_interface's members itself.
+class alternating_order : public std::ranges::view_base {
 public:
     class iterator {
     public:
@@ -97,6 +99,13 @@ public:
     [[nodiscard]] constexpr iterator begin() const noexcept { return {0, count_, dir_}; }
     [[nodiscard]] constexpr iterator end() const noexcept { return {count_, count_, dir_}; }
     [[nodiscard]] constexpr std::size_t size() const noexcept { return count_; }
+    [[nodiscard]] constexpr bool empty() const noexcept { return count_ == 0; }
+    constexpr explicit operator bool() const noexcept { return count_ != 0; }
+    /// The id visited at position i (i < size()).
+    [[nodiscard]] constexpr std::size_t operator[](std::size_t i) const noexcept { return begin()[static_cast<std::ptrdiff_t>(i)]; }
+    /// The first and last ids visited (the range must not be empty).
+    [[nodiscard]] constexpr std::size_t front() const noexcept { return *begin(); }
+    [[nodiscard]] constexpr std::size_t back() const noexcept { return *(end() - 1); }
     /// The direction this iteration walks.
     [[nodiscard]] constexpr direction walk() const noexcept { return dir_; }
 
