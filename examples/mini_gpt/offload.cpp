@@ -206,7 +206,22 @@ public:
         }
         spillway::stash_options o;
         o.keep_below_bytes = 64 << 10;   // LayerNorm statistics stay; everything else may go
-        o.split = spillway::split_mode::adaptive;
+        std::size_t small = 0;
+        for (std::size_t b : bytes_)
+            if (b < o.keep_below_bytes) small += b;
+        // The budget is what makes offloading lower the peak whatever the disk's speed: a save
+        // that finds it full waits for writes. Default: two layers (the one backward works
+        // on and the one prefetched) plus every layer's kept statistics, and 1 MiB of slack.
+        o.memory_budget = s.memory_budget > 0 ? s.memory_budget
+                                              : 2 * layer_bytes + small * static_cast<std::size_t>(c.num_layers) + (1 << 20);
+        if (s.first_kept_layer < 0) {
+            o.split = spillway::split_mode::adaptive;
+        } else if (s.first_kept_layer >= c.num_layers) {
+            o.split = spillway::split_mode::offload_all;
+        } else {
+            o.split = spillway::split_mode::fixed;
+            o.first_kept_layer = static_cast<std::size_t>(s.first_kept_layer);
+        }
         o.prefetch_layers = 1;
         o.pool_limit = layer_bytes;       // one layer of free buffers for the next layer to reuse
         o.key_prefix = s.key_prefix;
@@ -315,7 +330,10 @@ public:
           << human(static_cast<double>(s.bytes_loaded)) << "\n";
         o << "                  write skips " << s.write_skips << ", load wait " << s.load_wait_seconds * 1e3
           << " ms; adaptive split: ";
-        if (!plan.planned) o << "not planned yet\n";
+        if (stash_->options().split == spillway::split_mode::offload_all) o << "off (--act-split offload)\n";
+        else if (stash_->options().split == spillway::split_mode::fixed)
+            o << "fixed, layers " << stash_->options().first_kept_layer << "+ kept in memory\n";
+        else if (!plan.planned) o << "not planned yet\n";
         else if (plan.first_kept_layer >= static_cast<std::size_t>(config_.num_layers)) o << "every layer offloaded\n";
         else o << "layers " << plan.first_kept_layer << "+ kept in memory\n";
         return o.str();

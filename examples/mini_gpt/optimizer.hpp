@@ -76,6 +76,8 @@ struct store_settings {
     std::filesystem::path path;                     // where the activation files go
     std::string key_prefix = "act";                 // distinct per process on shared paths
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
+    int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
+    std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: two layers' worth
 };
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings);

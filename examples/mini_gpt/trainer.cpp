@@ -157,6 +157,9 @@ Usage: mini_gpt [flags]
   --grad-dtype D      fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
   --offload M         none | optimizer | activations | all
   --path DIR          a storage path for offloaded state (repeatable; default: a temp dir)
+  --act-split S       which layers' activations stay in memory: adaptive (TBA's rule from a
+                      profiling step; default), offload (none stay), or K (layers K.. stay)
+  --act-budget MiB    most bytes the activation stash holds (default: two layers' worth)
   --subgroup N        parameters per optimizer subgroup (default 65536)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
@@ -204,6 +207,14 @@ options parse_options(const std::vector<std::string>& args) {
             else if (v == "all") o.offload = offload_mode::all;
             else bad_flag(a, "expected none, optimizer, activations or all, got '" + v + "'");
         } else if (a == "--path") o.paths.emplace_back(value());
+        else if (a == "--act-budget")
+            o.act_budget_mib = static_cast<std::size_t>(parse_int(a, value(), 0, std::int64_t{1} << 40));
+        else if (a == "--act-split") {
+            const std::string& v = value();
+            if (v == "adaptive") o.act_split = -1;
+            else if (v == "offload") o.act_split = 1 << 30;
+            else o.act_split = static_cast<int>(parse_int(a, v, 0, 1 << 30));
+        }
         else if (a == "--subgroup") o.subgroup = static_cast<std::size_t>(parse_int(a, value(), 1, INT64_MAX));
         else if (a == "--buffers") o.buffers = static_cast<int>(parse_int(a, value(), 3, 1 << 16));
         else if (a == "--save") o.save_dir = value();
@@ -418,7 +429,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, hi - lo) : make_memory_optimizer(os, hi - lo);
     std::size_t block_floats = layer_acts::floats(config, rows, T);
     std::unique_ptr<activation_store> store;
-    if (offload_act) store = make_offloading_store(config, rows, T, {paths.front(), "act-" + process_tag, recorder.get()});
+    if (offload_act) store = make_offloading_store(config, rows, T, {paths.front(), "act-" + process_tag, recorder.get(), opt.act_split, opt.act_budget_mib << 20});
     else store = std::make_unique<in_memory_store>(config, rows, T);
     const std::string shard_name = "shard-" + std::to_string(rank) + "-of-" + std::to_string(nranks);
 

@@ -91,6 +91,21 @@ TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
     }
 }
 
+TEST_CASE("every --act-split choice gives the same bits") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 3;
+    o.steps = 3;
+    auto ref = run(o);
+    for (int split : {-1, 0, 2, 1 << 30}) {
+        options s = o;
+        s.offload = offload_mode::activations;
+        s.act_split = split;
+        INFO("--act-split " << split);
+        CHECK(run(s) == ref);
+    }
+}
+
 TEST_CASE("grad dtypes differ from each other (the narrowing is real)") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
