@@ -231,7 +231,9 @@ TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recover
     for (int p = 0; p < 2; ++p) before = pass(vt, keys, data);
     MESSAGE("before: " << before / 1e6 << " MB/s of an ideal " << 2 * rate / 1e6);
     CHECK(before > 0.8 * 2 * rate);
-    CHECK(keys_per_child(vt) == std::vector<std::size_t>{10, 10});
+    auto even = keys_per_child(vt);  // two equal paths: 10/10, give or take a key of noise
+    CHECK(even[0] >= 9);
+    CHECK(even[0] <= 11);
 
     // Path b slows to a quarter.
     vt.child<1>().set_rate(bandwidth_limit{rate / 4, blob});

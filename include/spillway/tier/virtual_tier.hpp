@@ -118,8 +118,10 @@ struct virtual_tier_options {
     /// Bandwidth of each child (bytes per second, or any ratio); empty: probe at construction.
     std::vector<double> bandwidths{};
     placement_mode placement = placement_mode::adaptive;
-    /// Time constant of the bandwidth moving average, in seconds of busy time.
-    double bandwidth_window_seconds = 0.1;
+    /// Time constant of the bandwidth moving average, in seconds of busy time: long enough
+    /// to average a few transfers delayed by a busy machine, short enough to follow a path
+    /// that slows down within one pass over the keys.
+    double bandwidth_window_seconds = 0.5;
     /// Bytes of each probe transfer at construction (one warm-up and three timed writes, then
     /// reads, per child).
     std::size_t probe_nbytes = std::size_t{1} << 20;
