@@ -48,6 +48,10 @@ inline std::string quoted(std::string_view s) {
     out += "'";
     return out;
 }
+// Exact-match overloads: an unqualified quoted(str) inside namespace spillway also finds
+// std::quoted (<iomanip>) by argument-dependent lookup; these non-templates win over it.
+inline std::string quoted(const std::string& s) { return quoted(std::string_view(s)); }
+inline std::string quoted(const char* s) { return quoted(std::string_view(s)); }
 
 /// Validates a key or file name supplied by a caller: non-empty, at most 255 bytes, no '/',
 /// no NUL, and not "." or "..", so that it can never escape the directory it is placed in.
