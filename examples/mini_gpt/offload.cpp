@@ -21,15 +21,6 @@
 
 #include "llmc_format.hpp"
 #include "optimizer.hpp"
-#include "spillway/error.hpp"
-
-// <filesystem> brings std::quoted (through <iomanip>), which argument-dependent lookup
-// prefers to spillway::quoted(std::string_view) for a std::string argument in the stash's
-// messages; this exact-match overload makes the unqualified calls pick Spillway's again.
-namespace spillway {
-inline std::string quoted(const std::string& s) { return quoted(std::string_view(s)); }
-}  // namespace spillway
-
 #include "spillway/lock/node_lock.hpp"
 #include "spillway/optim/update_pipeline.hpp"
 #include "spillway/stash/activation_stash.hpp"

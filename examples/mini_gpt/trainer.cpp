@@ -651,8 +651,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                                                     model.fixed_activation_bytes());
         const double peak = static_cast<double>(totals.steps > 1 ? totals.act_peak : totals.act_peak_first);
         char line[256];
-        std::snprintf(line, sizeof line, "  activations     peak resident %s, all layers kept %s (%.0f%% lower)%s\n",
-                      human_bytes(peak).c_str(), human_bytes(all_kept).c_str(), 100.0 * (1.0 - peak / all_kept),
+        std::snprintf(line, sizeof line, "  activations     peak resident %s, all layers kept %s (%.0f%% %s)%s\n",
+                      human_bytes(peak).c_str(), human_bytes(all_kept).c_str(), 100.0 * std::abs(1.0 - peak / all_kept),
+                      peak <= all_kept ? "lower" : "higher: buffer alignment and the stash's pool at this tiny size",
                       totals.steps > 1 ? "; after the first step" : "");
         out << line;
         out << store->report();
