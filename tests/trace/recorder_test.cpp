@@ -232,9 +232,14 @@ TEST_CASE("the recorder is thread-safe") {
     std::vector<std::thread> ts;
     for (int k = 0; k < threads; ++k)
         ts.emplace_back([&, k] {
-            auto t = rec.track("track " + std::to_string(k % 2));
+            // (names built with append: g++ 12 -O3 warns falsely on "lit" + std::string)
+            std::string track_name = "track ";
+            track_name.append(std::to_string(k % 2));
+            auto t = rec.track(track_name);
             for (int i = 0; i < per; ++i) {
-                auto s = rec.scope(t, "e" + std::to_string(i));
+                std::string name = "e";
+                name.append(std::to_string(i));
+                auto s = rec.scope(t, name);
             }
         });
     for (auto& t : ts) t.join();
