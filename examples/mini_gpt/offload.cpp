@@ -182,7 +182,7 @@ class stash_store final : public activation_store {
 
 public:
     stash_store(const gpt2_config& c, int B, int T, const store_settings& s)
-        : config_(c), B_(B), T_(T), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder) {
+        : config_(c), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder) {
         make_dir(dir_);
         try {
             tier_ = std::make_unique<tier_type>(dir_);
@@ -370,7 +370,6 @@ private:
     void sample() { peak_ = std::max(peak_, stash_->stats().resident_bytes + mine_); }
 
     gpt2_config config_;
-    int B_, T_;
     std::filesystem::path dir_;
     spillway::trace::recorder* recorder_;
     spillway::trace::track_id fwd_track_{}, bwd_track_{};
