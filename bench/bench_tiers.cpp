@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "support/bench_env.hpp"
+#include "support/fio.hpp"
 
 namespace {
 
@@ -54,59 +55,17 @@ const char* kind_name(tier_kind k) {
     return "?";
 }
 
-bool fio_available() {
-    static const bool available = std::system("fio --version >/dev/null 2>&1") == 0;
-    return available;
-}
-
-// Finds `"key" : {` (any spacing) at or after `from`; returns the position after '{' or npos.
-std::size_t find_object(const std::string& s, const std::string& key, std::size_t from) {
-    std::string quoted = "\"" + key + "\"";
-    for (std::size_t p = s.find(quoted, from); p != std::string::npos; p = s.find(quoted, p + 1)) {
-        std::size_t q = p + quoted.size();
-        while (q < s.size() && std::isspace(static_cast<unsigned char>(s[q]))) ++q;
-        if (q >= s.size() || s[q] != ':') continue;
-        ++q;
-        while (q < s.size() && std::isspace(static_cast<unsigned char>(s[q]))) ++q;
-        if (q < s.size() && s[q] == '{') return q + 1;
-    }
-    return std::string::npos;
-}
-
-std::string run_command(const std::string& cmd, int& status) {
-    std::string out;
-    status = -1;
-    if (FILE* p = ::popen(cmd.c_str(), "r")) {
-        char buf[4096];
-        std::size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-        status = ::pclose(p);
-    }
-    return out;
-}
-
 /// fio's bandwidth (bytes/s) for the same pattern, or a negative value when fio failed.
 /// fio reads or overwrites `file` itself (the tier's own blob: same file system, same
 /// blocks), with the tier's pattern.
 double fio_limit(direction dir, const fs::path& file, std::size_t bs, unsigned qd, std::size_t size,
                  unsigned loops) {
-    if (!fio_available()) return -1;
-    std::string cmd = "fio --name=limit --filename=" + file.string() + " --rw=" +
-                      (dir == direction::read ? "read" : "write") + " --bs=" + std::to_string(bs) +
-                      " --iodepth=" + std::to_string(qd) + " --direct=1 --ioengine=io_uring --size=" +
-                      std::to_string(size) + " --loops=" + std::to_string(loops) +
-                      " --output-format=json 2>/dev/null";
-    int status = 0;
-    std::string out = run_command(cmd, status);
-    if (status != 0) return -1;
-    std::size_t jobs = out.find("\"jobs\"");
-    if (jobs == std::string::npos) return -1;
-    std::size_t obj = find_object(out, dir == direction::read ? "read" : "write", jobs);
-    if (obj == std::string::npos) return -1;
-    std::size_t bw = out.find("\"bw_bytes\"", obj);
-    if (bw == std::string::npos) return -1;
-    bw = out.find(':', bw);
-    return bw == std::string::npos ? -1 : std::strtod(out.c_str() + bw + 1, nullptr);
+    auto r = bench::run_fio("--name=limit --filename=" + file.string() + " --rw=" +
+                            (dir == direction::read ? "read" : "write") + " --bs=" + std::to_string(bs) +
+                            " --iodepth=" + std::to_string(qd) + " --direct=1 --ioengine=io_uring --size=" +
+                            std::to_string(size) + " --loops=" + std::to_string(loops));
+    if (!r.ok()) return -1;
+    return dir == direction::read ? r.read_bytes_per_second : r.write_bytes_per_second;
 }
 
 void fill_random(std::span<std::byte> bytes) {
@@ -175,7 +134,7 @@ void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned q
         state.counters["fio_bytes_per_second"] = fio;
         state.counters["vs_limit"] = bytes / secs / fio;
     } else {
-        label += fio_available() ? "; fio failed: no vs_limit" : "; fio not installed: no vs_limit";
+        label += bench::fio_available() ? "; fio failed: no vs_limit" : "; fio not installed: no vs_limit";
     }
     state.SetLabel(label);
 }
@@ -274,7 +233,7 @@ int main(int argc, char** argv) {
     argc = kept;
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    if (!fio_available())
+    if (!bench::fio_available())
         std::printf("fio is not installed: file tier rows report no vs_limit (apt-get install fio)\n");
     else
         std::printf("limit: fio (ioengine=io_uring, direct=1, same bs/iodepth/size) on the tier's own file in %s\n",

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "support/bench_env.hpp"
+#include "support/fio.hpp"
 
 namespace {
 
@@ -89,46 +90,20 @@ struct bandwidths {
 
 // ---- fio ------------------------------------------------------------------------------
 
-std::string run_command(const std::string& cmd, int& status) {
-    std::string out;
-    status = -1;
-    if (FILE* p = ::popen(cmd.c_str(), "r")) {
-        char buf[4096];
-        std::size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-        status = ::pclose(p);
-    }
-    return out;
-}
-
-double json_bw(const std::string& out, const char* dir) {
-    std::size_t jobs = out.find("\"jobs\"");
-    if (jobs == std::string::npos) return -1;
-    std::size_t p = out.find(std::string("\"") + dir + "\"", jobs);
-    if (p == std::string::npos) return -1;
-    p = out.find("\"bw_bytes\"", p);
-    if (p == std::string::npos) return -1;
-    p = out.find(':', p);
-    return p == std::string::npos ? -1 : std::strtod(out.c_str() + p + 1, nullptr);
-}
-
 unsigned queue_depth();
 
 /// The disk's bandwidth under the update's pattern: half reads, half writes.
 bandwidths measure_disk(const fs::path& dir, const shape& sh) {
     bandwidths bw;
-    if (!bench::smoke() && std::system("fio --version >/dev/null 2>&1") == 0) {
+    if (!bench::smoke() && bench::fio_available()) {
         auto file = dir / "fio-mix.dat";
-        int status = 0;
-        std::string out = run_command("fio --name=mix --filename=" + file.string() +
-                                          " --rw=rw --rwmixread=50 --bs=1M --iodepth=" + std::to_string(queue_depth()) +
-                                          " --direct=1 --ioengine=io_uring"
-                                          " --size=2G --runtime=6 --time_based --output-format=json 2>/dev/null",
-                                      status);
+        auto r = bench::run_fio("--name=mix --filename=" + file.string() +
+                                " --rw=rw --rwmixread=50 --bs=1M --iodepth=" + std::to_string(queue_depth()) +
+                                " --direct=1 --ioengine=io_uring --size=2G --runtime=6 --time_based");
         fs::remove(file);
-        bw.disk_read = json_bw(out, "read");
-        bw.disk_write = json_bw(out, "write");
-        if (status == 0 && bw.disk_read > 0 && bw.disk_write > 0) {
+        bw.disk_read = r.read_bytes_per_second;
+        bw.disk_write = r.write_bytes_per_second;
+        if (r.ok() && bw.disk_read > 0 && bw.disk_write > 0) {
             bw.how = "fio rw=rw 50/50 1MiB qd" + std::to_string(queue_depth()) + " O_DIRECT io_uring";
             return bw;
         }
