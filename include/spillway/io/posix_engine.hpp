@@ -59,20 +59,8 @@ public:
     /// calling thread for an empty request). Throws std::invalid_argument for an offset
     /// range past the largest file offset.
     void submit(const io_request& req, io_callback callback) {
-        detail::check_request(req.op, req.nbytes, req.offset, req.label);
-        if (req.nbytes == 0) {
-            counters_.requests.fetch_add(1, std::memory_order_relaxed);
-            callback(0, nullptr);
-            return;
-        }
-        auto state = std::make_shared<detail::request_state>();
-        state->op = req.op;
-        state->fd = req.fd;
-        state->data = req.data;
-        state->nbytes = req.nbytes;
-        state->offset = req.offset;
-        state->label = std::string(req.label);
-        state->callback = std::move(callback);
+        auto state = detail::begin_request(req, callback, counters_);
+        if (!state) return;
         {
             std::lock_guard lock(mutex_);
             ++outstanding_;

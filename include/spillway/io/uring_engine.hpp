@@ -204,20 +204,8 @@ public:
     /// Starts `req`; `callback` runs once when it finished, on the completion thread (or on
     /// the calling thread for an empty request).
     void submit(const io_request& req, io_callback callback) {
-        detail::check_request(req.op, req.nbytes, req.offset, req.label);
-        if (req.nbytes == 0) {
-            counters_.requests.fetch_add(1, std::memory_order_relaxed);
-            callback(0, nullptr);
-            return;
-        }
-        auto state = std::make_shared<detail::request_state>();
-        state->op = req.op;
-        state->fd = req.fd;
-        state->data = req.data;
-        state->nbytes = req.nbytes;
-        state->offset = req.offset;
-        state->label = std::string(req.label);
-        state->callback = std::move(callback);
+        auto state = detail::begin_request(req, callback, counters_);
+        if (!state) return;
         std::lock_guard lock(mutex_);
         if (!free_files_.empty()) {
             int file_slot = free_files_.back();

@@ -210,5 +210,28 @@ inline void check_request(io_op op, std::size_t nbytes, std::uint64_t offset, st
                                     " runs past the largest file offset");
 }
 
+/// The start every engine shares:
+///  1. reject a request whose offset range overflows (std::invalid_argument);
+///  2. finish an empty request at once, on the calling thread, and return null;
+///  3. otherwise return the request's bookkeeping, owning the callback.
+inline std::shared_ptr<request_state> begin_request(const io_request& req, io_callback& callback,
+                                                    engine_counters& counters) {
+    check_request(req.op, req.nbytes, req.offset, req.label);
+    if (req.nbytes == 0) {
+        counters.requests.fetch_add(1, std::memory_order_relaxed);
+        callback(0, nullptr);
+        return nullptr;
+    }
+    auto state = std::make_shared<request_state>();
+    state->op = req.op;
+    state->fd = req.fd;
+    state->data = req.data;
+    state->nbytes = req.nbytes;
+    state->offset = req.offset;
+    state->label = std::string(req.label);
+    state->callback = std::move(callback);
+    return state;
+}
+
 }  // namespace detail
 }  // namespace spillway
