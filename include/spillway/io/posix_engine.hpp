@@ -176,20 +176,14 @@ private:
                     r->error = detail::make_io_error(static_cast<int>(-res), call, r->op, r->label, r->nbytes,
                                                      r->offset, len, r->offset + pos, extra);
                 finished = r->finished();
+                if (finished) r->retire();
             }
             if (finished) finish(*r);
         }
     }
 
     void finish(detail::request_state& r) {
-        counters_.requests.fetch_add(1, std::memory_order_relaxed);
-        if (r.error) counters_.failures.fetch_add(1, std::memory_order_relaxed);
-        auto cb = std::move(r.callback);
-        try {
-            cb(r.error ? 0 : r.nbytes, r.error);
-        } catch (...) {
-            // A callback must not throw; there is nobody to report to.
-        }
+        detail::deliver(r, counters_);
         std::lock_guard lock(mutex_);
         if (--outstanding_ == 0) idle_cv_.notify_all();
     }

@@ -333,6 +333,7 @@ private:
         free_slots_.push_back(i);
         --r->pieces_open;
         if (!r->finished()) return nullptr;
+        r->retire();
         if (r->fixed_file >= 0) {
             int minus_one = -1;
             io_uring_register_files_update(&ring_, static_cast<unsigned>(r->fixed_file), &minus_one, 1);
@@ -412,14 +413,7 @@ private:
     }
 
     void finish(detail::request_state& r) {
-        counters_.requests.fetch_add(1, std::memory_order_relaxed);
-        if (r.error) counters_.failures.fetch_add(1, std::memory_order_relaxed);
-        auto cb = std::move(r.callback);
-        try {
-            cb(r.error ? 0 : r.nbytes, r.error);
-        } catch (...) {
-            // A callback must not throw; there is nobody to report to.
-        }
+        detail::deliver(r, counters_);
         std::lock_guard lock(mutex_);
         if (--outstanding_ == 0) idle_cv_.notify_all();
     }

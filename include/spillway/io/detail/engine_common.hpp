@@ -177,6 +177,7 @@ struct request_state {
     std::size_t pieces_open = 0;    // pieces handed out and not finished
     std::exception_ptr error;       // the first error; later pieces are not started
     int fixed_file = -1;            // io_uring: slot in the registered file table, or -1
+    std::exception_ptr outcome;     // the error handed to the callback, set by retire()
 
     /// True when every byte was handed out (or the request failed) and no piece is open.
     [[nodiscard]] bool finished() const noexcept {
@@ -184,6 +185,12 @@ struct request_state {
     }
     /// True while there is a piece left to hand out.
     [[nodiscard]] bool has_piece() const noexcept { return error == nullptr && next < nbytes; }
+    /// Called under the engine's lock once finished(): no piece is handed out again, and the
+    /// error moves to `outcome`, which only the finishing thread reads (in deliver()).
+    void retire() noexcept {
+        next = nbytes;
+        outcome = std::move(error);
+    }
 };
 
 /// Atomic counters behind io_engine_counters.
@@ -231,6 +238,22 @@ inline std::shared_ptr<request_state> begin_request(const io_request& req, io_ca
     state->label = std::string(req.label);
     state->callback = std::move(callback);
     return state;
+}
+
+/// Hands a retired request to its callback, once. The engine keeps no reference to the
+/// error afterwards: the exception is released by whoever consumes it, never later by an
+/// engine thread dropping its bookkeeping. A callback must not throw; there is nobody to
+/// report to, so an exception from it is dropped.
+inline void deliver(request_state& r, engine_counters& counters) noexcept {
+    counters.requests.fetch_add(1, std::memory_order_relaxed);
+    if (r.outcome) counters.failures.fetch_add(1, std::memory_order_relaxed);
+    auto callback = std::move(r.callback);
+    std::exception_ptr error = std::move(r.outcome);
+    const std::size_t nbytes = error ? 0 : r.nbytes;
+    try {
+        callback(nbytes, std::move(error));
+    } catch (...) {
+    }
 }
 
 }  // namespace detail
