@@ -576,16 +576,10 @@ private:
         return make_handle(e);
     }
 
-    // The budget leaves no room even after every write finished: write the caller's bytes
-    // from the compute thread (the one case where compute blocks on a write).
-    stash_handle save_synchronously(std::unique_lock<std::mutex>& lock, const tensor_desc& desc,
-                                    const tensor_identity& identity, std::shared_ptr<const std::string> label,
-                                    std::span<const std::byte> bytes, aligned_buffer* adopt, std::size_t position) {
-        (void)desc;
-        entry& e = new_entry(identity, std::move(label), bytes.size(), position);
-        e.state = entry_state::writing;
-        ++stats_.forced_writes;
-        ++writes_pending_;
+    // Writes e's bytes to the tier with the stash's lock released. On return the lock is held
+    // again, writes_pending_ is one lower, and a failure is recorded on e (its error names
+    // the tensor) and returned.
+    std::exception_ptr write_entry(std::unique_lock<std::mutex>& lock, entry& e, std::span<const std::byte> bytes) {
         lock.unlock();
         std::exception_ptr error;
         try {
@@ -598,6 +592,22 @@ private:
         if (error) {
             ++stats_.failed_writes;
             e.error = detail::with_context(error, write_context(e));
+        }
+        return error;
+    }
+
+    // The budget leaves no room even after every write finished: write the caller's bytes
+    // from the compute thread (the one case where compute blocks on a write).
+    stash_handle save_synchronously(std::unique_lock<std::mutex>& lock, const tensor_desc& desc,
+                                    const tensor_identity& identity, std::shared_ptr<const std::string> label,
+                                    std::span<const std::byte> bytes, aligned_buffer* adopt, std::size_t position) {
+        (void)desc;
+        entry& e = new_entry(identity, std::move(label), bytes.size(), position);
+        e.state = entry_state::writing;
+        ++stats_.forced_writes;
+        ++writes_pending_;
+        std::exception_ptr error = write_entry(lock, e, bytes);
+        if (error) {
             e.state = entry_state::lost;
             --stats_.tensors;
             auto err = e.error;
@@ -983,18 +993,8 @@ private:
         entry& e = *it->second;
         e.state = entry_state::writing;
         std::span<const std::byte> bytes(e.buffer.data(), e.nbytes);
-        lock.unlock();
-        std::exception_ptr error;
-        try {
-            tier_.write(e.key, bytes).wait();
-        } catch (...) {
-            error = std::current_exception();
-        }
-        lock.lock();
-        --writes_pending_;
+        std::exception_ptr error = write_entry(lock, e, bytes);
         if (error) {
-            ++stats_.failed_writes;
-            e.error = detail::with_context(error, write_context(e));
             if (!pending_error_) pending_error_ = e.error;
             if (e.refs == 0) {
                 free_buffer(std::move(e.buffer));
