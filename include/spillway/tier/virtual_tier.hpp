@@ -380,27 +380,11 @@ public:
     /// operations run in the order their children's locks become free. Every key is
     /// validated before any is submitted.
     std::vector<io_completion> write_batch(std::span<const write_request> requests) {
-        for (auto& r : requests) validate_key(r.key);
-        std::vector<io_completion> out;
-        out.reserve(requests.size());
-        {
-            std::lock_guard lock(mutex_);
-            for (auto& r : requests) out.push_back(submit_write(r.key, r.bytes));
-        }
-        cv_.notify_all();
-        return out;
+        return submit_batch(requests, [this](const write_request& r) { return submit_write(r.key, r.bytes); });
     }
     /// Submits many reads at once (see write_batch).
     std::vector<io_completion> read_batch(std::span<const read_request> requests) {
-        for (auto& r : requests) validate_key(r.key);
-        std::vector<io_completion> out;
-        out.reserve(requests.size());
-        {
-            std::lock_guard lock(mutex_);
-            for (auto& r : requests) out.push_back(submit_read(r.key, r.bytes));
-        }
-        cv_.notify_all();
-        return out;
+        return submit_batch(requests, [this](const read_request& r) { return submit_read(r.key, r.bytes); });
     }
 
     /// Removes the key from the child that holds it. Must not race with an operation on the
@@ -509,6 +493,20 @@ public:
     }
 
 private:
+
+    // Validates every key, then submits all requests under one lock and wakes the workers.
+    template <class Request, class Submit>
+    std::vector<io_completion> submit_batch(std::span<const Request> requests, Submit submit) {
+        for (auto& r : requests) validate_key(r.key);
+        std::vector<io_completion> out;
+        out.reserve(requests.size());
+        {
+            std::lock_guard lock(mutex_);
+            for (auto& r : requests) out.push_back(submit(r));
+        }
+        cv_.notify_all();
+        return out;
+    }
     enum : std::size_t { rd = 0, wr = 1 };
 
     struct slot {
