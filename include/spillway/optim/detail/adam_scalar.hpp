@@ -36,7 +36,7 @@ void adamw_scalar(const adamw_coefficients& c, float* p, float* m, float* v, con
 
 /// True when the raw bits of g are inf or NaN.
 template <class Grad>
-inline bool nonfinite_bits(Grad g) noexcept {
+SPILLWAY_HOST_DEVICE bool nonfinite_bits(Grad g) noexcept {
     if constexpr (std::is_same_v<Grad, float>) return (float_bits(g) & 0x7f800000u) == 0x7f800000u;
     else if constexpr (std::is_same_v<Grad, float16>) return (g.bits & 0x7c00u) == 0x7c00u;
     else return (g.bits & 0x7f80u) == 0x7f80u;
