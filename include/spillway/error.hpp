@@ -1,11 +1,12 @@
-// spillway/error.hpp: the error types and helpers every layer uses.
-//
-// Conventions (see docs/design.md):
-// - OS and io_uring failures are std::system_error carrying the errno; the message names the
-//   call, the path or key, and the size involved.
-// - Bad arguments and configuration are std::invalid_argument with a sentence a user can act
-//   on, raised eagerly (in constructors, at API boundaries).
-// - Inside io/detail the liburing convention (-errno) is kept and converted once here.
+/// @file
+/// spillway/error.hpp: the error types and helpers every layer uses.
+///
+/// Conventions (see docs/design.md):
+/// - OS and io_uring failures are std::system_error carrying the errno; the message names the
+///   call, the path or key, and the size involved.
+/// - Bad arguments and configuration are std::invalid_argument with a sentence a user can act
+///   on, raised eagerly (in constructors, at API boundaries).
+/// - Inside io/detail the liburing convention (-errno) is kept and converted once here.
 #pragma once
 
 #include <cerrno>
@@ -17,8 +18,11 @@
 
 namespace spillway {
 
-/// Throws std::system_error(err) with "<what>: <call> failed" as its message.
-/// `err` is a positive errno value.
+/// Throws std::system_error in std::generic_category() with the message
+/// `"<what>: <call> failed"`; the category appends the errno's text to what() as usual.
+/// @param err  a positive errno value (e.g.\ `errno` right after the failed call)
+/// @param call the system or liburing call that failed, e.g.\ `"pwrite"`
+/// @param what the object it failed on: a path, a key, a size
 [[noreturn]] inline void throw_system_error(int err, std::string_view call, std::string_view what) {
     std::string msg(what);
     msg += ": ";
@@ -27,21 +31,27 @@ namespace spillway {
     throw std::system_error(err, std::generic_category(), msg);
 }
 
-/// Converts a liburing-style result (negative errno) into an exception; returns res if >= 0.
+/// Converts a liburing-style result (a negative errno on failure) into an exception, once, at
+/// the boundary of io/detail.
+/// @return `res` unchanged when it is >= 0 (a byte count or a descriptor)
+/// @throws std::system_error carrying `-res`, with the message of throw_system_error(call, what)
 inline long check_neg_errno(long res, std::string_view call, std::string_view what) {
     if (res < 0) throw_system_error(static_cast<int>(-res), call, what);
     return res;
 }
 
-/// Throws std::invalid_argument(message) when cond is false.
+/// Argument check used in constructors and at API boundaries.
+/// @throws std::invalid_argument with `message` (a sentence naming the argument, its value
+///         and the limit) when `cond` is false; does nothing otherwise
 inline void expect_argument(bool cond, std::string_view message) {
     if (!cond) throw std::invalid_argument(std::string(message));
 }
 
-/// Renders a byte count for messages: "4096 bytes".
+/// Renders a byte count for error messages, e.g.\ `bytes_str(4096)` is `"4096 bytes"`.
 inline std::string bytes_str(std::size_t nbytes) { return std::to_string(nbytes) + " bytes"; }
 
-/// Quotes a caller-provided key or name for an error message.
+/// Quotes a caller-provided key or name for an error message: `quoted("a")` is `"'a'"`, so
+/// an empty key or one with spaces stays visible in the message.
 inline std::string quoted(std::string_view s) {
     std::string out = "'";
     out += s;
@@ -50,12 +60,16 @@ inline std::string quoted(std::string_view s) {
 }
 // Exact-match overloads: an unqualified quoted(str) inside namespace spillway also finds
 // std::quoted (<iomanip>) by argument-dependent lookup; these non-templates win over it.
+/// @copydoc quoted(std::string_view)
 inline std::string quoted(const std::string& s) { return quoted(std::string_view(s)); }
+/// @copydoc quoted(std::string_view)
 inline std::string quoted(const char* s) { return quoted(std::string_view(s)); }
 
 /// Validates a key or file name supplied by a caller: non-empty, at most 255 bytes, no '/',
 /// no NUL, and not "." or "..", so that it can never escape the directory it is placed in.
-/// Throws std::invalid_argument naming the key otherwise.
+/// @param key  the caller's key
+/// @param what how the message calls it (`"key"`, `"file name"`, ...)
+/// @throws std::invalid_argument `"<what> '<key>' <reason>"` when a rule is broken
 inline void validate_key(std::string_view key, std::string_view what = "key") {
     auto fail = [&](std::string_view why) {
         throw std::invalid_argument(std::string(what) + " " + quoted(key) + " " + std::string(why));

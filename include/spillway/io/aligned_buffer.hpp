@@ -1,12 +1,13 @@
-// spillway/io/aligned_buffer.hpp: RAII host buffers aligned for O_DIRECT.
-//
-// Guarantees: data() is aligned to `alignment` (default 4 KiB, a power of two); the
-// allocation is rounded up to a multiple of the alignment, so O_DIRECT transfers of the
-// padded size are legal; size() is the size the caller asked for. With
-// memory_lock::locked the pages are mlock()ed (pinned in RAM, never swapped) and a failure
-// to lock throws std::system_error naming the size (raise RLIMIT_MEMLOCK or use unlocked).
-// The contents start zeroed (buffer_fill::uninitialized leaves all but the padding as the
-// allocator returned it).
+/// @file
+/// spillway/io/aligned_buffer.hpp: RAII host buffers aligned for O_DIRECT.
+///
+/// Guarantees: data() is aligned to `alignment` (default 4 KiB, a power of two); the
+/// allocation is rounded up to a multiple of the alignment, so O_DIRECT transfers of the
+/// padded size are legal; size() is the size the caller asked for. With
+/// memory_lock::locked the pages are mlock()ed (pinned in RAM, never swapped) and a failure
+/// to lock throws std::system_error naming the size (raise RLIMIT_MEMLOCK or use unlocked).
+/// The contents start zeroed (buffer_fill::uninitialized leaves all but the padding as the
+/// allocator returned it).
 #pragma once
 
 #include <cerrno>
@@ -23,29 +24,57 @@
 
 namespace spillway {
 
+/// The alignment, in bytes, of buffers, offsets and sizes for O_DIRECT: 4 KiB, the logical
+/// block size of every NVMe device and file system Spillway targets (512-byte devices accept
+/// it too).
 inline constexpr std::size_t default_alignment = 4096;
 
-/// Rounds nbytes up to a multiple of `alignment` (a power of two).
+/// Rounds nbytes up to a multiple of `alignment` (a power of two; any other value gives a
+/// meaningless result, unchecked because this runs on hot paths).
 constexpr std::size_t align_up(std::size_t nbytes, std::size_t alignment = default_alignment) noexcept {
     return (nbytes + alignment - 1) & ~(alignment - 1);
 }
+/// True when `value` (a byte offset or size) is a multiple of `alignment` (a power of two).
 constexpr bool is_aligned(std::size_t value, std::size_t alignment = default_alignment) noexcept {
     return (value & (alignment - 1)) == 0;
 }
+/// True when the address `p` is a multiple of `alignment` (a power of two).
 inline bool is_aligned(const void* p, std::size_t alignment = default_alignment) noexcept {
     return is_aligned(reinterpret_cast<std::size_t>(p), alignment);
 }
 
 /// Whether an aligned_buffer pins its pages with mlock().
-enum class memory_lock { unlocked, locked };
+enum class memory_lock {
+    unlocked,  ///< ordinary pageable memory
+    locked,    ///< mlock()ed: resident and never swapped; counts against RLIMIT_MEMLOCK
+};
 
 /// Whether an aligned_buffer starts zeroed (the default) or with whatever the allocator
 /// returned (for bounce buffers that are overwritten at once).
-enum class buffer_fill { zeroed, uninitialized };
+enum class buffer_fill {
+    zeroed,         ///< every byte, padding included, is zero
+    uninitialized,  ///< the first size() bytes are as allocated; the padding is still zeroed
+};
 
+/// An owning, move-only host buffer aligned for O_DIRECT, optionally pinned with mlock().
+///
+/// What the file comment guarantees holds for every live buffer; a moved-from or
+/// default-constructed buffer is empty (data() null, size() 0). Not synchronised: concurrent
+/// use follows the rules for a plain array (distinct bytes from distinct threads are fine).
 class aligned_buffer {
 public:
+    /// An empty buffer: data() is null, size() and capacity() are 0.
     aligned_buffer() = default;
+    /// Allocates `nbytes` (rounded up to `alignment` for capacity(); at least one block even
+    /// for 0) aligned to `alignment`.
+    /// @param nbytes    the size the caller needs, in bytes
+    /// @param lock      memory_lock::locked pins the pages with mlock()
+    /// @param alignment a power of two, in bytes
+    /// @param fill      buffer_fill::uninitialized skips zeroing the requested bytes
+    /// @throws std::invalid_argument when `alignment` is not a power of two (names it)
+    /// @throws std::bad_alloc when the allocation fails
+    /// @throws std::system_error from mlock() (ENOMEM, EPERM), naming the padded size and the
+    ///         remedy (raise RLIMIT_MEMLOCK or use memory_lock::unlocked); nothing is leaked
     explicit aligned_buffer(std::size_t nbytes, memory_lock lock = memory_lock::unlocked,
                             std::size_t alignment = default_alignment, buffer_fill fill = buffer_fill::zeroed)
         : size_(nbytes), capacity_(align_up(nbytes == 0 ? 1 : nbytes, alignment)), alignment_(alignment) {
@@ -66,9 +95,12 @@ public:
             locked_ = true;
         }
     }
+    /// Takes over `o`'s memory (and its lock); `o` becomes empty.
     aligned_buffer(aligned_buffer&& o) noexcept
         : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
           capacity_(std::exchange(o.capacity_, 0)), alignment_(o.alignment_), locked_(std::exchange(o.locked_, false)) {}
+    /// Frees this buffer's memory (munlock()ing it first), then takes over `o`'s; `o` becomes
+    /// empty.
     aligned_buffer& operator=(aligned_buffer&& o) noexcept {
         if (this != &o) {
             release();
@@ -80,22 +112,34 @@ public:
         }
         return *this;
     }
+    /// Owns its memory: not copyable.
     aligned_buffer(const aligned_buffer&) = delete;
+    /// Owns its memory: not copyable.
     aligned_buffer& operator=(const aligned_buffer&) = delete;
+    /// Unlocks (when locked) and frees the memory. No I/O may still target it: wait for or
+    /// drop the io_completion of every transfer first.
     ~aligned_buffer() { release(); }
 
+    /// The first byte, aligned to alignment(); null for an empty buffer.
     [[nodiscard]] std::byte* data() noexcept { return data_; }
+    /// @copydoc data()
     [[nodiscard]] const std::byte* data() const noexcept { return data_; }
     /// The size asked for.
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
     /// The allocated size: size() rounded up to the alignment.
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// The alignment of data() and of capacity(), in bytes.
     [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
+    /// True when the pages are mlock()ed (asked for with memory_lock::locked).
     [[nodiscard]] bool locked() const noexcept { return locked_; }
+    /// The requested bytes, [data(), data() + size()).
     [[nodiscard]] std::span<std::byte> bytes() noexcept { return {data_, size_}; }
+    /// @copydoc bytes()
     [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
     /// The whole padded allocation (for O_DIRECT transfers).
     [[nodiscard]] std::span<std::byte> padded_bytes() noexcept { return {data_, capacity_}; }
+    /// The requested bytes viewed as `size() / sizeof(T)` objects of a trivially copyable `T`
+    /// (a trailing partial element is left out). The alignment suits any scalar type.
     template <class T>
     [[nodiscard]] std::span<T> as() noexcept {
         return {reinterpret_cast<T*>(data_), size_ / sizeof(T)};

@@ -1,47 +1,48 @@
-// spillway/lock/node_lock.hpp: a lock shared by every process of one node, keyed by name.
-//
-// node_lock is a lock_policy (lock, try_lock, unlock) whose exclusion reaches every process
-// on the node that opens a node_lock of the same name in the same directory: an open file
-// description (OFD) lock, or flock() where the kernel lacks OFD locks, on an empty lock file
-// in a node-local directory (default /dev/shm, else $XDG_RUNTIME_DIR, else the temporary
-// directory).
-//
-// Guarantees:
-//  - Mutual exclusion between node_lock objects of the same name and directory, in one
-//    process or in many. Each object opens its own open file description, and OFD and
-//    flock locks belong to the description, not to the process: two objects exclude each
-//    other even in one thread (a thread locking two objects of one name deadlocks itself).
-//  - One object may be shared by several threads: an internal std::mutex serialises them
-//    before the file lock is taken. unlock() must come from the thread that locked.
-//  - A holder that dies, even by SIGKILL, releases the lock: the kernel closes its
-//    descriptors and drops the lock with the last reference to the description.
-//    Caveats: a child forked while the parent holds the lock shares the description and
-//    so keeps the lock alive until it exits or closes it; a forked child must build its
-//    own node_lock objects and never use the parent's. The descriptor is close-on-exec.
-//  - Lock files are created mode 0600, never through a symbolic link (O_NOFOLLOW), must be
-//    regular files owned by the calling user, and are never deleted (deleting a lock file
-//    while another process waits on it would let two holders in at once). They are empty.
-//  - Names are validated with validate_key(): no '/', no "..", so a name never leaves the
-//    lock directory. Errors name the lock, the path and the call.
-//
-// Protocol:
-//  1. Construction validates the name, resolves the directory, opens it (O_DIRECTORY) and
-//     opens or creates "spillway-<name>.lock" in it with openat(O_RDWR | O_CREAT |
-//     O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600). O_NONBLOCK only keeps the open from
-//     hanging on a FIFO planted under that name; it does not affect locking.
-//  2. fstat() checks that the file is a regular file owned by this user, and fchmod() sets
-//     0600 if a umask narrowed it. The mechanism is settled now: automatic probes
-//     F_OFD_GETLK and falls back to flock() when the kernel answers EINVAL. Every process
-//     of a node must use the same mechanism (the two kinds do not see each other);
-//     automatic picks the same one on one kernel.
-//  3. lock(): take the internal mutex, then fcntl(F_OFD_SETLKW, write lock over the whole
-//     file) (or flock(LOCK_EX)), retrying on EINTR. If the file lock fails the mutex is
-//     released and std::system_error is thrown.
-//  4. try_lock(): try the internal mutex, then fcntl(F_OFD_SETLK) (or flock(LOCK_EX |
-//     LOCK_NB)); EAGAIN/EACCES/EWOULDBLOCK means another holder: release the mutex, return
-//     false.
-//  5. unlock(): fcntl(F_OFD_SETLK, F_UNLCK) (or flock(LOCK_UN)), then release the mutex.
-//  6. Destruction closes the descriptor, which drops the lock if it is still held.
+/// @file
+/// spillway/lock/node_lock.hpp: a lock shared by every process of one node, keyed by name.
+///
+/// node_lock is a lock_policy (lock, try_lock, unlock) whose exclusion reaches every process
+/// on the node that opens a node_lock of the same name in the same directory: an open file
+/// description (OFD) lock, or flock() where the kernel lacks OFD locks, on an empty lock file
+/// in a node-local directory (default /dev/shm, else $XDG_RUNTIME_DIR, else the temporary
+/// directory).
+///
+/// Guarantees:
+///  - Mutual exclusion between node_lock objects of the same name and directory, in one
+///    process or in many. Each object opens its own open file description, and OFD and
+///    flock locks belong to the description, not to the process: two objects exclude each
+///    other even in one thread (a thread locking two objects of one name deadlocks itself).
+///  - One object may be shared by several threads: an internal std::mutex serialises them
+///    before the file lock is taken. unlock() must come from the thread that locked.
+///  - A holder that dies, even by SIGKILL, releases the lock: the kernel closes its
+///    descriptors and drops the lock with the last reference to the description.
+///    Caveats: a child forked while the parent holds the lock shares the description and
+///    so keeps the lock alive until it exits or closes it; a forked child must build its
+///    own node_lock objects and never use the parent's. The descriptor is close-on-exec.
+///  - Lock files are created mode 0600, never through a symbolic link (O_NOFOLLOW), must be
+///    regular files owned by the calling user, and are never deleted (deleting a lock file
+///    while another process waits on it would let two holders in at once). They are empty.
+///  - Names are validated with validate_key(): no '/', no "..", so a name never leaves the
+///    lock directory. Errors name the lock, the path and the call.
+///
+/// Protocol:
+///  1. Construction validates the name, resolves the directory, opens it (O_DIRECTORY) and
+///     opens or creates "spillway-<name>.lock" in it with openat(O_RDWR | O_CREAT |
+///     O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600). O_NONBLOCK only keeps the open from
+///     hanging on a FIFO planted under that name; it does not affect locking.
+///  2. fstat() checks that the file is a regular file owned by this user, and fchmod() sets
+///     0600 if a umask narrowed it. The mechanism is settled now: automatic probes
+///     F_OFD_GETLK and falls back to flock() when the kernel answers EINVAL. Every process
+///     of a node must use the same mechanism (the two kinds do not see each other);
+///     automatic picks the same one on one kernel.
+///  3. lock(): take the internal mutex, then fcntl(F_OFD_SETLKW, write lock over the whole
+///     file) (or flock(LOCK_EX)), retrying on EINTR. If the file lock fails the mutex is
+///     released and std::system_error is thrown.
+///  4. try_lock(): try the internal mutex, then fcntl(F_OFD_SETLK) (or flock(LOCK_EX |
+///     LOCK_NB)); EAGAIN/EACCES/EWOULDBLOCK means another holder: release the mutex, return
+///     false.
+///  5. unlock(): fcntl(F_OFD_SETLK, F_UNLCK) (or flock(LOCK_UN)), then release the mutex.
+///  6. Destruction closes the descriptor, which drops the lock if it is still held.
 #pragma once
 
 #include <fcntl.h>
@@ -64,13 +65,14 @@ namespace spillway {
 
 /// How a node_lock locks its file.
 enum class lock_mechanism {
-    automatic,  // OFD locks when the kernel has them (Linux >= 3.15), else flock()
-    ofd,        // fcntl(F_OFD_SETLK[W]); std::system_error at construction if unsupported
-    flock,      // flock(); also per open file description on Linux
+    automatic,  ///< OFD locks when the kernel has them (Linux >= 3.15), else flock()
+    ofd,        ///< fcntl(F_OFD_SETLK[W]); std::system_error at construction if unsupported
+    flock,      ///< flock(); also per open file description on Linux
 };
 
 /// The directory node locks use when lock_options::directory is empty: /dev/shm when it is
 /// a directory, else $XDG_RUNTIME_DIR when set and non-empty, else the temporary directory.
+/// @throws std::filesystem::filesystem_error only when the last fallback cannot be determined
 inline std::filesystem::path default_lock_directory() {
     std::error_code ec;
     if (std::filesystem::is_directory("/dev/shm", ec)) return "/dev/shm";
@@ -78,6 +80,11 @@ inline std::filesystem::path default_lock_directory() {
     return std::filesystem::temp_directory_path();
 }
 
+/// A lock_policy whose exclusion reaches every process of the node that opens a node_lock of
+/// the same name in the same directory (guarantees and protocol in the file comment).
+///
+/// Shareable between threads (an internal mutex orders them); not copyable, not movable. A
+/// forked child must build its own objects.
 class node_lock {
 public:
     /// Opens (creating if needed) the lock file for `name` under options.directory.
@@ -123,8 +130,12 @@ public:
             throw;
         }
     }
+    /// One object is one open file description: not copyable.
     node_lock(const node_lock&) = delete;
+    /// One object is one open file description: not copyable.
     node_lock& operator=(const node_lock&) = delete;
+    /// Closes the descriptor, which drops the lock if this object still holds it. The lock
+    /// file stays (see the file comment).
     ~node_lock() { ::close(fd_); }
 
     /// Blocks until this object holds the lock. Throws std::system_error if the kernel
@@ -168,8 +179,9 @@ public:
         mutex_.unlock();
     }
 
+    /// The name given to the constructor.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
-    /// The lock file.
+    /// The lock file: `<directory>/spillway-<name>.lock`.
     [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
     /// The mechanism in use (never automatic).
     [[nodiscard]] lock_mechanism mechanism() const noexcept { return mechanism_; }

@@ -1,37 +1,38 @@
-// spillway/optim/adam.hpp: the mixed-precision AdamW step over one span of parameters.
-//
-// fp32 master params, fp32 moments m and v, gradients as float, float16 or bfloat16 (widened
-// in registers inside the step: "lazy widening", no fp32 copy of the gradients), an optional
-// float16/bfloat16 copy of the updated params (the compute copy), fused loss-scale
-// unscaling and global-norm clipping. The formula is torch.optim.AdamW's; see
-// adam_formula.hpp for it and for the exact float operations.
-//
-// Guarantees:
-// - validate(config) and adamw_step check every argument before touching anything and throw
-//   std::invalid_argument naming the field and its value (or the span and its size).
-// - adamw_step, with args.check == grad_check::scan (the default), first scans all gradients
-//   for inf/NaN; if it finds one it returns step_result::skipped_overflow and params, m, v
-//   and copy_out are left untouched. Then the update runs (noexcept kernel) over all threads
-//   of the pool with the widest SIMD level the CPU supports (detail/simd.hpp).
-// - Results are bit-identical whatever the pool size, the SIMD level, and however a caller
-//   splits the arrays into sub-spans: each element's result depends only on its own p, m, v,
-//   g and the step's constants (an update over [0, n) equals updates over [0, k) and [k, n)).
-// - grad_sum_squares returns sum((g / grad_scale)^2) in double, computed as
-//   sum(g^2) / grad_scale^2 (g^2 is exact in double), deterministic (fixed blocks summed in a
-//   fixed order, independent of pool size and SIMD level); +inf or NaN when a gradient is
-//   non-finite. Global-norm clipping over many spans: the caller adds the sums,
-//   norm = sqrt(total), clip_coef = min(1, max_norm / (norm + 1e-6)) (torch's clip_grad_norm_).
-// - Memory traffic of one step per parameter: read p, g, m, v and write p, m, v = 28 bytes with
-//   float grads, 26 with fp16/bf16 grads, +2 with a compute copy; the grad_check::scan pass
-//   reads the gradients once more (+4 or +2). A caller that already proved the gradients
-//   finite (grad_sum_squares returned a finite value over the same gradients) passes
-//   grad_check::caller_verified to skip that pass.
-// - The caller keeps every span alive for the duration of the call; the spans must not overlap.
-//   Do not call adamw_step or grad_sum_squares from a task running on the same pool: the call
-//   waits for chunks queued behind that task (with one worker, forever).
-// - The bit-identity guarantees assume the default floating-point environment (round to
-//   nearest, no flush-to-zero / denormals-are-zero) on the calling thread, which runs one
-//   chunk itself; the pool's threads always have it.
+/// @file
+/// spillway/optim/adam.hpp: the mixed-precision AdamW step over one span of parameters.
+///
+/// fp32 master params, fp32 moments m and v, gradients as float, float16 or bfloat16 (widened
+/// in registers inside the step: "lazy widening", no fp32 copy of the gradients), an optional
+/// float16/bfloat16 copy of the updated params (the compute copy), fused loss-scale
+/// unscaling and global-norm clipping. The formula is torch.optim.AdamW's; see
+/// adam_formula.hpp for it and for the exact float operations.
+///
+/// Guarantees:
+/// - validate(config) and adamw_step check every argument before touching anything and throw
+///   std::invalid_argument naming the field and its value (or the span and its size).
+/// - adamw_step, with args.check == grad_check::scan (the default), first scans all gradients
+///   for inf/NaN; if it finds one it returns step_result::skipped_overflow and params, m, v
+///   and copy_out are left untouched. Then the update runs (noexcept kernel) over all threads
+///   of the pool with the widest SIMD level the CPU supports (detail/simd.hpp).
+/// - Results are bit-identical whatever the pool size, the SIMD level, and however a caller
+///   splits the arrays into sub-spans: each element's result depends only on its own p, m, v,
+///   g and the step's constants (an update over [0, n) equals updates over [0, k) and [k, n)).
+/// - grad_sum_squares returns sum((g / grad_scale)^2) in double, computed as
+///   sum(g^2) / grad_scale^2 (g^2 is exact in double), deterministic (fixed blocks summed in a
+///   fixed order, independent of pool size and SIMD level); +inf or NaN when a gradient is
+///   non-finite. Global-norm clipping over many spans: the caller adds the sums,
+///   norm = sqrt(total), clip_coef = min(1, max_norm / (norm + 1e-6)) (torch's clip_grad_norm_).
+/// - Memory traffic of one step per parameter: read p, g, m, v and write p, m, v = 28 bytes with
+///   float grads, 26 with fp16/bf16 grads, +2 with a compute copy; the grad_check::scan pass
+///   reads the gradients once more (+4 or +2). A caller that already proved the gradients
+///   finite (grad_sum_squares returned a finite value over the same gradients) passes
+///   grad_check::caller_verified to skip that pass.
+/// - The caller keeps every span alive for the duration of the call; the spans must not overlap.
+///   Do not call adamw_step or grad_sum_squares from a task running on the same pool: the call
+///   waits for chunks queued behind that task (with one worker, forever).
+/// - The bit-identity guarantees assume the default floating-point environment (round to
+///   nearest, no flush-to-zero / denormals-are-zero) on the calling thread, which runs one
+///   chunk itself; the pool's threads always have it.
 #pragma once
 
 #include "spillway/detail/thread_pool.hpp"
@@ -57,11 +58,11 @@ namespace spillway {
 
 /// AdamW hyper-parameters (torch.optim.AdamW's names and defaults, except weight_decay = 0).
 struct adamw_config {
-    float lr = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps = 1e-8f;
-    float weight_decay = 0.0f;
+    float lr = 1e-3f;           ///< learning rate, >= 0
+    float beta1 = 0.9f;         ///< decay of the first moment m, in [0, 1)
+    float beta2 = 0.999f;       ///< decay of the second moment v, in [0, 1)
+    float eps = 1e-8f;          ///< added to sqrt(v_hat) in the denominator, > 0
+    float weight_decay = 0.0f;  ///< decoupled decay: p -= lr * weight_decay * p, >= 0
 };
 
 /// How adamw_step treats non-finite gradients.
@@ -75,10 +76,14 @@ struct adamw_step_args {
     std::int64_t step = 1;      ///< 1-based step number t (bias corrections 1 - beta^t)
     float grad_scale = 1.0f;    ///< gradients are divided by this (the loss scale); fused
     float clip_coef = 1.0f;     ///< then multiplied by this (global-norm clipping coefficient)
-    grad_check check = grad_check::scan;
+    grad_check check = grad_check::scan;  ///< whether to scan the gradients for inf/NaN first
 };
 
-enum class step_result { applied, skipped_overflow };
+/// What adamw_step did.
+enum class step_result {
+    applied,           ///< params, m, v (and copy_out) were updated
+    skipped_overflow,  ///< a gradient was inf or NaN: nothing was written (grad_check::scan)
+};
 
 namespace detail {
 /// The shortest text that reads back as the same value ("-1e-08", "nan", "0.9").
@@ -120,7 +125,8 @@ inline void validate(const adamw_step_args& a) {
         detail::bad_value(w, "check", static_cast<int>(a.check), "must be a grad_check enumerator");
 }
 
-/// The per-step constants for (config, args); validates neither.
+/// The per-step constants for (config, args) (adam_formula.hpp); validates neither, so call
+/// validate() on both first when they come from a user.
 inline adamw_coefficients make_adamw_coefficients(const adamw_config& c, const adamw_step_args& a) noexcept {
     return make_adamw_coefficients(c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, a.step, a.grad_scale, a.clip_coef);
 }
@@ -176,10 +182,24 @@ step_result adamw_step_at(simd_level level, const adamw_coefficients& c, grad_ch
 }
 }  // namespace detail
 
-/// One AdamW step over one span of parameters; see the header comment.
-/// Grad: float, float16 or bfloat16. ParamCopy: float16 or bfloat16; copy_out empty = no copy.
-/// pool: nullptr uses detail::thread_pool::shared_pool().
-/// Throws std::invalid_argument for bad hyper-parameters, arguments, sizes or overlapping spans.
+/// One AdamW step over one span of parameters, in place; the guarantees (validation, overflow
+/// skip, bit-identity, memory traffic, threading) are in the file comment.
+/// @tparam Grad      float, float16 or bfloat16
+/// @tparam ParamCopy float16 or bfloat16
+/// @param config   hyper-parameters (validated)
+/// @param args     step number, loss scale, clipping coefficient, gradient check (validated)
+/// @param params   fp32 master parameters, updated in place
+/// @param m        fp32 first moments, same size, updated in place
+/// @param v        fp32 second moments, same size, updated in place
+/// @param grads    gradients, same size, read only (widened in registers)
+/// @param copy_out receives the updated params rounded to ParamCopy; empty: no copy
+/// @param pool     the thread pool to run on; nullptr: the shared pool (never the pool the
+///                 caller is running on, see the file comment)
+/// @return step_result::skipped_overflow when the scan found inf/NaN (nothing written), else
+///         step_result::applied
+/// @throws std::invalid_argument naming the field and value for bad hyper-parameters or
+///         arguments, naming the span and both sizes for a size mismatch, naming both spans
+///         when two overlap; nothing is written then
 template <class Grad, class ParamCopy = float16>
 step_result adamw_step(const adamw_config& config, const adamw_step_args& args, std::span<float> params,
                        std::span<float> m, std::span<float> v, std::span<const Grad> grads,
@@ -243,8 +263,12 @@ double grad_sum_squares_at(simd_level level, const Grad* g, std::size_t n, float
 }
 }  // namespace detail
 
-/// Sum over the span of (g / grad_scale)^2 in double; see the header comment.
-/// Throws std::invalid_argument unless grad_scale is finite and > 0.
+/// Sum over the span of (g / grad_scale)^2 in double, deterministic; see the file comment.
+/// @param grads      float, float16 or bfloat16 gradients
+/// @param grad_scale the loss scale the gradients carry, finite and > 0
+/// @param pool       the thread pool to run on; nullptr: the shared pool
+/// @return the sum (0 for an empty span); +inf or NaN when a gradient is non-finite
+/// @throws std::invalid_argument naming grad_scale and its value unless it is finite and > 0
 template <class Grad>
 double grad_sum_squares(std::span<const Grad> grads, float grad_scale = 1.0f, detail::thread_pool* pool = nullptr) {
     static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "grad_sum_squares: Grad must be float, float16 or bfloat16");

@@ -1,14 +1,15 @@
-// spillway/tier/bandwidth_split.hpp: splitting N items over paths in proportion to their
-// bandwidth, n_i = N * B_i / sum_j B_j, rounded by the largest-remainder method.
-//
-// Guarantees of split_by_bandwidth(count, bandwidths):
-//  - the shares sum to `count` exactly, for any number of paths;
-//  - each share is within one of its ideal N * B_i / sum B (floor or ceiling of it);
-//  - a path of bandwidth 0 gets nothing; a single path gets everything;
-//  - the result is a pure function of the input (ties go to the lower index), so every
-//    process of a job computes the same placement.
-// Bad input (no paths, a negative, NaN or infinite bandwidth, all zero) throws
-// std::invalid_argument naming the offending path index and value.
+/// @file
+/// spillway/tier/bandwidth_split.hpp: splitting N items over paths in proportion to their
+/// bandwidth, n_i = N * B_i / sum_j B_j, rounded by the largest-remainder method.
+///
+/// Guarantees of split_by_bandwidth(count, bandwidths):
+///  - the shares sum to `count` exactly, for any number of paths;
+///  - each share is within one of its ideal N * B_i / sum B (floor or ceiling of it);
+///  - a path of bandwidth 0 gets nothing; a single path gets everything;
+///  - the result is a pure function of the input (ties go to the lower index), so every
+///    process of a job computes the same placement.
+/// Bad input (no paths, a negative, NaN or infinite bandwidth, all zero) throws
+/// std::invalid_argument naming the offending path index and value.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +24,13 @@
 
 namespace spillway {
 
-/// Shares of `count` items proportional to `bandwidths` (any unit; only ratios matter).
+/// Shares of `count` items proportional to `bandwidths` (any unit; only ratios matter),
+/// with the guarantees of the file comment.
+/// @param count      the items to place (subgroups, blocks, ...)
+/// @param bandwidths one entry per path, each finite and >= 0, at least one positive
+/// @return one share per path, in the order of `bandwidths`, summing to `count`
+/// @throws std::invalid_argument for no paths, a negative, NaN or infinite bandwidth (naming
+///         the path index and value), or all bandwidths 0
 inline std::vector<std::size_t> split_by_bandwidth(std::size_t count, std::span<const double> bandwidths) {
     expect_argument(!bandwidths.empty(), std::string("split_by_bandwidth: no paths to split ") + std::to_string(count) + " items over");
     long double total = 0;
@@ -73,7 +80,7 @@ inline std::vector<std::size_t> split_by_bandwidth(std::size_t count, std::span<
     return share;
 }
 
-/// Overload for braced lists: split_by_bandwidth(10, {3.0, 1.0}).
+/// Overload for braced lists: `split_by_bandwidth(10, {3.0, 1.0})` is {8, 2}.
 inline std::vector<std::size_t> split_by_bandwidth(std::size_t count, std::initializer_list<double> bandwidths) {
     return split_by_bandwidth(count, std::span<const double>(bandwidths.begin(), bandwidths.size()));
 }

@@ -1,31 +1,32 @@
-// spillway/tier/faulty_tier.hpp: a decorator that injects failures into any storage tier, so
-// tests can prove that every layer above a tier survives them.
-//
-// Fault model. Every read() and write() with a valid key is one operation; its faults are
-// decided when it is issued, in this order:
-//  1. Persistent fault (fail_always): the operation fails with the given errno without
-//     reaching the inner tier: a dead path, until clear_faults().
-//  2. Counted fault (fail_nth): the n-th matching operation issued after the call fails with
-//     the given errno without reaching the inner tier. Several may be armed at once.
-//  3. Transient faults (inject_transient): the modelled device answers an attempt with
-//     EAGAIN or with a short transfer. The decorator retries the attempt inside, as a real
-//     tier retries EAGAIN and short counts, so the caller sees success and counters() shows
-//     the retries. Only the attempt that completes reaches the inner tier, so a short
-//     attempt never commits a partial blob. When one operation meets more than
-//     max_retries() consecutive transient faults, it gives up: EAGAIN for EAGAIN, EIO for
-//     a short transfer.
-//  4. Torn write (inject_torn_write): the write stores only the first half of the blob in
-//     the inner tier and reports full success: a device that lies. The next read of that
-//     key with the right buffer size must fail with the inner tier's size check; it must
-//     never return the prefix as data. A torn write waits for the inner write before
-//     write() returns (the fault path is synchronous).
-//  5. Otherwise the operation goes to the inner tier unchanged.
-// Guarantees: injected errors are std::system_error whose message names the tier, the
-// operation, the key, the size and the errno; an injected write failure leaves the previous
-// blob of the key intact (the inner tier is not touched) and never writes the caller's
-// buffer; an injected read failure leaves the caller's buffer untouched. All methods are
-// thread-safe; the counters are exact under concurrent use. stats() are the inner tier's
-// with the injected failures added to failed_reads / failed_writes.
+/// @file
+/// spillway/tier/faulty_tier.hpp: a decorator that injects failures into any storage tier, so
+/// tests can prove that every layer above a tier survives them.
+///
+/// Fault model. Every read() and write() with a valid key is one operation; its faults are
+/// decided when it is issued, in this order:
+///  1. Persistent fault (fail_always): the operation fails with the given errno without
+///     reaching the inner tier: a dead path, until clear_faults().
+///  2. Counted fault (fail_nth): the n-th matching operation issued after the call fails with
+///     the given errno without reaching the inner tier. Several may be armed at once.
+///  3. Transient faults (inject_transient): the modelled device answers an attempt with
+///     EAGAIN or with a short transfer. The decorator retries the attempt inside, as a real
+///     tier retries EAGAIN and short counts, so the caller sees success and counters() shows
+///     the retries. Only the attempt that completes reaches the inner tier, so a short
+///     attempt never commits a partial blob. When one operation meets more than
+///     max_retries() consecutive transient faults, it gives up: EAGAIN for EAGAIN, EIO for
+///     a short transfer.
+///  4. Torn write (inject_torn_write): the write stores only the first half of the blob in
+///     the inner tier and reports full success: a device that lies. The next read of that
+///     key with the right buffer size must fail with the inner tier's size check; it must
+///     never return the prefix as data. A torn write waits for the inner write before
+///     write() returns (the fault path is synchronous).
+///  5. Otherwise the operation goes to the inner tier unchanged.
+/// Guarantees: injected errors are std::system_error whose message names the tier, the
+/// operation, the key, the size and the errno; an injected write failure leaves the previous
+/// blob of the key intact (the inner tier is not touched) and never writes the caller's
+/// buffer; an injected read failure leaves the caller's buffer untouched. All methods are
+/// thread-safe; the counters are exact under concurrent use. stats() are the inner tier's
+/// with the injected failures added to failed_reads / failed_writes.
 #pragma once
 
 #include <algorithm>
@@ -45,22 +46,30 @@
 namespace spillway {
 
 /// Which operations a fault applies to.
-enum class fault_op { read, write, any };
+enum class fault_op {
+    read,   ///< read() only
+    write,  ///< write() only
+    any,    ///< read() and write()
+};
 
 /// The kinds of transient fault that a tier retries inside.
-enum class transient_fault { eagain, short_transfer };
+enum class transient_fault {
+    eagain,          ///< the attempt is refused with EAGAIN (a full submission queue)
+    short_transfer,  ///< the attempt moves fewer bytes than asked
+};
 
 /// Counts of what a faulty_tier injected.
 struct fault_counters {
-    std::uint64_t operations = 0;        // reads and writes issued with a valid key
-    std::uint64_t injected_errors = 0;   // operations failed by fail_always / fail_nth
-    std::uint64_t transient_faults = 0;  // attempts answered with EAGAIN or a short transfer
-    std::uint64_t retries = 0;           // attempts repeated inside after a transient fault
-    std::uint64_t gave_up = 0;           // operations failed after max_retries() retries
-    std::uint64_t torn_writes = 0;       // writes that stored only a prefix
+    std::uint64_t operations = 0;        ///< reads and writes issued with a valid key
+    std::uint64_t injected_errors = 0;   ///< operations failed by fail_always / fail_nth
+    std::uint64_t transient_faults = 0;  ///< attempts answered with EAGAIN or a short transfer
+    std::uint64_t retries = 0;           ///< attempts repeated inside after a transient fault
+    std::uint64_t gave_up = 0;           ///< operations failed after max_retries() retries
+    std::uint64_t torn_writes = 0;       ///< writes that stored only a prefix
 };
 
-/// A short name for common errno values ("EIO"); "errno N" for others.
+/// A short name for common errno values (`"EIO"`, `"ENOSPC"`, ...) for error messages;
+/// `"errno N"` for the others.
 inline std::string errno_name(int err) {
     switch (err) {
         case EIO: return "EIO";
@@ -80,24 +89,39 @@ inline std::string errno_name(int err) {
     }
 }
 
+/// A storage_tier decorator that injects the faults of the fault model in the file comment
+/// (persistent, counted, transient with retries, torn writes) into the operations it
+/// forwards to `Inner`.
+///
+/// Thread-safe: faults may be armed while operations run on other threads; each operation's
+/// faults are decided atomically when it is issued. Owns its inner tier; not copyable, not
+/// movable.
+/// @tparam Inner any storage_tier; its properties pass through unchanged
 template <storage_tier Inner>
 class faulty_tier {
 public:
+    /// The inner tier's properties: injecting faults changes no ability.
     static constexpr tier_properties properties = Inner::properties;
+    /// The decorated tier's type.
     using inner_type = Inner;
 
     /// Builds the inner tier in place from `args`; no fault is armed.
     template <class... Args>
     explicit faulty_tier(std::in_place_t, Args&&... args)
         : inner_(std::forward<Args>(args)...), name_(std::string("faulty(") + std::string(inner_.name()) + ")") {}
+    /// A default-constructed inner tier; no fault is armed.
     faulty_tier()
         requires std::default_initializable<Inner>
         : faulty_tier(std::in_place) {}
+    /// Owns its inner tier: not copyable.
     faulty_tier(const faulty_tier&) = delete;
+    /// Owns its inner tier: not copyable.
     faulty_tier& operator=(const faulty_tier&) = delete;
 
     // ---- Arming faults -------------------------------------------------------------------
-    /// The n-th (n >= 1) operation of kind `op` issued from now on fails with `err`.
+    /// The n-th (n >= 1) operation of kind `op` issued from now on fails with `err`, without
+    /// reaching the inner tier; the fault is then used up. Several may be armed at once.
+    /// @throws std::invalid_argument naming the tier for n == 0 or err <= 0
     void fail_nth(fault_op op, std::uint64_t n, int err) {
         expect_argument(n >= 1, name_ + ": fail_nth counts from 1, got 0");
         expect_argument(err > 0, name_ + ": fail_nth needs a positive errno, got " + std::to_string(err));
@@ -105,12 +129,15 @@ public:
         counted_.push_back({op, n, err});
     }
     /// Every operation of kind `op` fails with `err` until clear_faults(): a dead path.
+    /// @throws std::invalid_argument naming the tier for err <= 0
     void fail_always(fault_op op, int err) {
         expect_argument(err > 0, name_ + ": fail_always needs a positive errno, got " + std::to_string(err));
         std::lock_guard lock(mutex_);
         persistent_.push_back({op, 0, err});
     }
-    /// The next `count` attempts of kind `op` meet a transient fault (retried inside).
+    /// The next `count` attempts of kind `op` meet a transient fault of `kind`, retried
+    /// inside; an operation that meets more than max_retries() in a row fails (EAGAIN, or EIO
+    /// for short transfers).
     void inject_transient(fault_op op, transient_fault kind, std::uint64_t count) {
         std::lock_guard lock(mutex_);
         transient_.push_back({op, kind, count});
@@ -130,8 +157,11 @@ public:
     }
     /// Consecutive transient faults one operation absorbs before it gives up (default 4).
     void set_max_retries(unsigned retries) noexcept { max_retries_.store(retries, std::memory_order_relaxed); }
+    /// Consecutive transient faults one operation absorbs before it gives up.
     [[nodiscard]] unsigned max_retries() const noexcept { return max_retries_.load(std::memory_order_relaxed); }
 
+    /// What was injected so far (each counter read atomically; counters are never reset,
+    /// clear_faults() included).
     [[nodiscard]] fault_counters counters() const noexcept {
         fault_counters c;
         c.operations = operations_.load();
@@ -144,6 +174,11 @@ public:
     }
 
     // ---- storage_tier --------------------------------------------------------------------
+    /// Decides this write's faults (file comment, steps 1 to 5), then fails it, tears it, or
+    /// forwards it to the inner tier.
+    /// Errors through the completion: an injected std::system_error naming the tier, "write",
+    /// the key, the size and the errno (the inner tier untouched); the inner tier's own errors.
+    /// @throws std::invalid_argument at once for a bad key
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         validate_key(key);
         auto d = decide(io_direction::write);
@@ -161,6 +196,11 @@ public:
         return inner_.write(key, bytes);
     }
 
+    /// Decides this read's faults (file comment, steps 1 to 3 and 5), then fails it or
+    /// forwards it to the inner tier.
+    /// Errors through the completion: an injected std::system_error naming the tier, "read",
+    /// the key, the size and the errno (`bytes` untouched); the inner tier's own errors.
+    /// @throws std::invalid_argument at once for a bad key
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         validate_key(key);
         auto d = decide(io_direction::read);
@@ -168,20 +208,30 @@ public:
         return inner_.read(key, bytes);
     }
 
+    /// Forwards to the inner tier (no fault applies to metadata).
     bool erase(std::string_view key) { return inner_.erase(key); }
+    /// Forwards to the inner tier.
     [[nodiscard]] bool contains(std::string_view key) const { return inner_.contains(key); }
+    /// Forwards to the inner tier: the blob's size in bytes, or std::nullopt.
     [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const { return inner_.size_of(key); }
+    /// The inner tier's capacity, in bytes.
     [[nodiscard]] std::size_t capacity() const { return inner_.capacity(); }
+    /// The inner tier's bytes stored.
     [[nodiscard]] std::size_t used() const { return inner_.used(); }
+    /// The inner tier's counters, with the failures injected here added to failed_reads and
+    /// failed_writes.
     [[nodiscard]] tier_stats stats() const {
         tier_stats s = inner_.stats();
         s.failed_reads += failed_reads_.load();
         s.failed_writes += failed_writes_.load();
         return s;
     }
+    /// `"faulty(<inner name>)"`.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
+    /// The decorated tier. Operations issued on it directly meet no fault.
     [[nodiscard]] Inner& inner() noexcept { return inner_; }
+    /// @copydoc inner()
     [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
 
 private:

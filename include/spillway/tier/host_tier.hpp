@@ -1,10 +1,11 @@
-// spillway/tier/host_tier.hpp: a storage tier in host memory, with a capacity bound.
-//
-// Guarantees: operations complete before they return (the completion is already ready);
-// a write that would take used() past capacity() fails with ENOSPC naming the key, the size
-// and the capacity, and leaves the previous blob of that key in place; reads and writes of
-// different keys run concurrently (copies happen outside the tier's lock); a rewrite builds
-// the new blob first and swaps it in, so a concurrent reader of the old blob is never torn.
+/// @file
+/// spillway/tier/host_tier.hpp: a storage tier in host memory, with a capacity bound.
+///
+/// Guarantees: operations complete before they return (the completion is already ready);
+/// a write that would take used() past capacity() fails with ENOSPC naming the key, the size
+/// and the capacity, and leaves the previous blob of that key in place; reads and writes of
+/// different keys run concurrently (copies happen outside the tier's lock); a rewrite builds
+/// the new blob first and swaps it in, so a concurrent reader of the old blob is never torn.
 #pragma once
 
 #include <cstring>
@@ -20,16 +21,33 @@
 
 namespace spillway {
 
+/// A storage_tier that keeps each blob in its own heap allocation; synchronous, thread-safe.
+///
+/// The fastest tier and the reference model of the contract: the conformance suite and the
+/// decorators' tests run over it. Also the natural inner tier of throttled_tier for a
+/// simulated device. Not copyable, not movable (it owns a mutex).
 class host_tier {
 public:
+    /// Volatile host memory, no page cache involved.
     static constexpr tier_properties properties{.persistent = false, .direct_io = false, .host_accessible = true};
 
-    /// capacity: the most bytes of blobs held at once (unbounded by default).
+    /// An empty tier.
+    /// @param capacity the most bytes of blobs held at once (unbounded by default)
+    /// @param name     the name used in error messages and reports
     explicit host_tier(std::size_t capacity = std::numeric_limits<std::size_t>::max(), std::string name = "host")
         : capacity_(capacity), name_(std::move(name)) {}
+    /// Owns its blobs: not copyable.
     host_tier(const host_tier&) = delete;
+    /// Owns its blobs: not copyable.
     host_tier& operator=(const host_tier&) = delete;
 
+    /// Copies `bytes` into a new blob under `key`, replacing any earlier one; done when it
+    /// returns (`bytes` may be reused at once).
+    /// Errors through the completion: std::system_error(ENOSPC) naming the tier, the key, the
+    /// size, the capacity and the bytes used, when the blob would not fit (the old blob of
+    /// `key` stays); std::bad_alloc when the copy cannot be allocated.
+    /// @return a ready completion: the size, or the error
+    /// @throws std::invalid_argument at once for a bad key (see validate_key())
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         validate_key(key);
         stats_.begin(io_direction::write);
@@ -55,6 +73,13 @@ public:
         return error ? io_completion::failed(error) : io_completion::completed(bytes.size());
     }
 
+    /// Copies the blob of `key` into `bytes`, whose size must equal size_of(key); done when
+    /// it returns.
+    /// Errors through the completion: std::system_error(ENOENT) naming the tier and the key
+    /// for a missing key; std::invalid_argument naming the key and both sizes for a buffer
+    /// of the wrong size (the buffer is left as it was).
+    /// @return a ready completion: the size, or the error
+    /// @throws std::invalid_argument at once for a bad key (see validate_key())
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         validate_key(key);
         stats_.begin(io_direction::read);
@@ -80,6 +105,10 @@ public:
         return error ? io_completion::failed(error) : io_completion::completed(bytes.size());
     }
 
+    /// Removes the blob of `key` and frees its memory (a reader that already holds it keeps
+    /// its copy alive until it is done).
+    /// @return false when there was no such key
+    /// @throws std::invalid_argument for a bad key
     bool erase(std::string_view key) {
         validate_key(key);
         std::lock_guard lock(mutex_);
@@ -89,22 +118,28 @@ public:
         blobs_.erase(it);
         return true;
     }
+    /// True when a blob is stored under `key` (no key validation: a bad key is never stored).
     [[nodiscard]] bool contains(std::string_view key) const {
         std::lock_guard lock(mutex_);
         return blobs_.contains(std::string(key));
     }
+    /// The size in bytes of the blob under `key`, or std::nullopt when there is none.
     [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const {
         std::lock_guard lock(mutex_);
         auto it = blobs_.find(std::string(key));
         if (it == blobs_.end()) return std::nullopt;
         return it->second->size();
     }
+    /// The bound given to the constructor, in bytes (SIZE_MAX when unbounded).
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// The bytes of all stored blobs together.
     [[nodiscard]] std::size_t used() const {
         std::lock_guard lock(mutex_);
         return used_;
     }
+    /// The traffic counters so far; failed operations count as failures, not bytes.
     [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    /// The name given to the constructor.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
 private:

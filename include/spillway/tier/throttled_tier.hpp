@@ -1,35 +1,36 @@
-// spillway/tier/throttled_tier.hpp: a decorator that caps the bandwidth of any storage tier
-// with a token bucket. Used to emulate slower storage (a parallel file system behind a
-// node-local NVMe drive) and for quality of service between tenants of one device.
-//
-// Guarantees:
-// - write() and read() never block on the throttle: they issue the inner operation at once
-//   and return a completion that becomes ready no earlier than (a) the inner operation
-//   finished and (b) the token bucket released the operation's bytes.
-// - The bucket gains `bytes_per_second` tokens per second and holds at most `burst_bytes`
-//   of them (or, while an operation larger than the burst waits at the head, that
-//   operation's size). Operations of one bucket are released in the order they were issued
-//   (FIFO); an operation of n bytes is released when the bucket holds n tokens and takes
-//   them. So after a quiet period up to burst_bytes pass at once, a single operation of n
-//   bytes takes (n - burst_bytes) / rate, and the long-run rate never exceeds the limit.
-// - throttle_scope::separate gives reads and writes a bucket each; throttle_scope::joint
-//   makes them share one bucket (one device, one budget).
-// - set_rate() is thread-safe and takes effect at once, also for operations already queued
-//   (tokens earned so far are kept, later tokens accrue at the new rate).
-// - stats() measure the decorated tier as its callers see it (issue to release), so the
-//   reported bandwidth is the throttled one; errors of the inner tier pass through unchanged
-//   (a failed operation still spends its tokens).
-// - Destruction releases every queued operation at once (the throttle no longer holds
-//   them) and waits for all inner operations before the inner tier is destroyed.
-//
-// Release protocol (one timer thread per throttled tier):
-//  1. write()/read() issue the inner operation, then append {bytes, inner completion,
-//     outer completion source} to their bucket's queue and wake the timer thread.
-//  2. The timer thread refills each bucket for the time elapsed, pops every head entry the
-//     bucket can pay for, and sleeps until the earliest time a head becomes payable (or
-//     until set_rate() or a new entry wakes it).
-//  3. Outside the lock, for each popped entry it waits for the inner completion and
-//     completes the outer one with the inner result (bytes or the inner exception).
+/// @file
+/// spillway/tier/throttled_tier.hpp: a decorator that caps the bandwidth of any storage tier
+/// with a token bucket. Used to emulate slower storage (a parallel file system behind a
+/// node-local NVMe drive) and for quality of service between tenants of one device.
+///
+/// Guarantees:
+/// - write() and read() never block on the throttle: they issue the inner operation at once
+///   and return a completion that becomes ready no earlier than (a) the inner operation
+///   finished and (b) the token bucket released the operation's bytes.
+/// - The bucket gains `bytes_per_second` tokens per second and holds at most `burst_bytes`
+///   of them (or, while an operation larger than the burst waits at the head, that
+///   operation's size). Operations of one bucket are released in the order they were issued
+///   (FIFO); an operation of n bytes is released when the bucket holds n tokens and takes
+///   them. So after a quiet period up to burst_bytes pass at once, a single operation of n
+///   bytes takes (n - burst_bytes) / rate, and the long-run rate never exceeds the limit.
+/// - throttle_scope::separate gives reads and writes a bucket each; throttle_scope::joint
+///   makes them share one bucket (one device, one budget).
+/// - set_rate() is thread-safe and takes effect at once, also for operations already queued
+///   (tokens earned so far are kept, later tokens accrue at the new rate).
+/// - stats() measure the decorated tier as its callers see it (issue to release), so the
+///   reported bandwidth is the throttled one; errors of the inner tier pass through unchanged
+///   (a failed operation still spends its tokens).
+/// - Destruction releases every queued operation at once (the throttle no longer holds
+///   them) and waits for all inner operations before the inner tier is destroyed.
+///
+/// Release protocol (one timer thread per throttled tier):
+///  1. write()/read() issue the inner operation, then append {bytes, inner completion,
+///     outer completion source} to their bucket's queue and wake the timer thread.
+///  2. The timer thread refills each bucket for the time elapsed, pops every head entry the
+///     bucket can pay for, and sleeps until the earliest time a head becomes payable (or
+///     until set_rate() or a new entry wakes it).
+///  3. Outside the lock, for each popped entry it waits for the inner completion and
+///     completes the outer one with the inner result (bytes or the inner exception).
 #pragma once
 
 #include <algorithm>
@@ -59,17 +60,21 @@ struct bandwidth_limit {
     /// Most tokens the bucket holds: bytes that may pass at once after a quiet period.
     std::size_t burst_bytes = std::size_t{1} << 20;
 
+    /// True when the rate is infinite: the bucket never holds an operation back.
     [[nodiscard]] bool unlimited() const noexcept { return std::isinf(bytes_per_second); }
 };
 
 /// Whether reads and writes draw from separate buckets or share one.
-enum class throttle_scope { separate, joint };
+enum class throttle_scope {
+    separate,  ///< a read bucket and a write bucket, each with its own limit
+    joint,     ///< one bucket for both directions: one device, one budget
+};
 
 /// A throttle's configuration. In joint scope `read` and `write` must be equal (use joint()).
 struct throttle_config {
-    throttle_scope scope = throttle_scope::separate;
-    bandwidth_limit read{};
-    bandwidth_limit write{};
+    throttle_scope scope = throttle_scope::separate;  ///< fixed for the life of a throttle
+    bandwidth_limit read{};   ///< the read bucket (in joint scope: the shared one)
+    bandwidth_limit write{};  ///< the write bucket (in joint scope: equal to `read`)
 
     /// Reads and writes share one bucket with the given limit.
     static throttle_config joint(bandwidth_limit both) { return {throttle_scope::joint, both, both}; }
@@ -98,14 +103,26 @@ inline void validate_throttle(const throttle_config& c) {
 }
 }  // namespace detail
 
+/// A storage_tier decorator that releases the completions of `Inner` no faster than a token
+/// bucket allows (the guarantees and the release protocol are in the file comment).
+///
+/// Owns its inner tier (built in place) and one timer thread. Thread-safe as far as the
+/// inner tier is: operations on different keys may be issued from several threads; set_rate()
+/// may be called from any thread at any time. Not copyable, not movable.
+/// @tparam Inner any storage_tier; its properties pass through unchanged
 template <storage_tier Inner>
 class throttled_tier {
 public:
+    /// The inner tier's properties: throttling changes timing, not abilities.
     static constexpr tier_properties properties = Inner::properties;
+    /// The decorated tier's type.
     using inner_type = Inner;
 
-    /// Builds the inner tier in place from `args` and throttles it with `config`.
-    /// Throws std::invalid_argument for a non-positive rate or burst.
+    /// Builds the inner tier in place from `args` and throttles it with `config`; starts the
+    /// timer thread.
+    /// @throws std::invalid_argument naming the direction and the value for a rate that is not
+    ///         a positive number, a zero burst, or a joint config whose read and write limits
+    ///         differ
     template <class... Args>
     throttled_tier(throttle_config config, std::in_place_t, Args&&... args)
         : inner_(std::forward<Args>(args)...), scope_(config.scope) {
@@ -121,9 +138,13 @@ public:
         requires std::default_initializable<Inner>
         : throttled_tier(config, std::in_place) {}
 
+    /// Owns a thread and a tier: not copyable.
     throttled_tier(const throttled_tier&) = delete;
+    /// Owns a thread and a tier: not copyable.
     throttled_tier& operator=(const throttled_tier&) = delete;
 
+    /// Releases every queued operation at once, waits for all inner operations, stops the
+    /// timer thread, then destroys the inner tier.
     ~throttled_tier() {
         {
             std::lock_guard lock(mutex_);
@@ -133,25 +154,45 @@ public:
         timer_.join();
     }
 
+    /// Issues the inner write at once; the returned completion becomes ready when the inner
+    /// write finished and the bucket paid for bytes.size() bytes. The caller keeps `bytes`
+    /// alive until then (storage_tier contract).
+    /// Errors through the completion: the inner tier's, unchanged (the bytes are still paid).
+    /// @throws std::invalid_argument at once for a bad key; whatever the inner write() throws
+    ///         at once
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         validate_key(key);
         return issue(io_direction::write, bytes.size(), [&] { return inner_.write(key, bytes); });
     }
+    /// Issues the inner read at once; the returned completion becomes ready when the inner
+    /// read finished and the bucket paid for bytes.size() bytes.
+    /// Errors through the completion: the inner tier's, unchanged (the bytes are still paid).
+    /// @throws std::invalid_argument at once for a bad key; whatever the inner read() throws
+    ///         at once
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         validate_key(key);
         return issue(io_direction::read, bytes.size(), [&] { return inner_.read(key, bytes); });
     }
 
+    /// Forwards to the inner tier, unthrottled (metadata costs no bandwidth).
     bool erase(std::string_view key) { return inner_.erase(key); }
+    /// Forwards to the inner tier.
     [[nodiscard]] bool contains(std::string_view key) const { return inner_.contains(key); }
+    /// Forwards to the inner tier: the blob's size in bytes, or std::nullopt.
     [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const { return inner_.size_of(key); }
+    /// The inner tier's capacity, in bytes.
     [[nodiscard]] std::size_t capacity() const { return inner_.capacity(); }
+    /// The inner tier's bytes stored.
     [[nodiscard]] std::size_t used() const { return inner_.used(); }
     /// Counters as the decorator's callers see them: busy time runs from issue to release.
     [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    /// `"throttled(<inner name>)"`.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
+    /// The decorated tier, for its own statistics and settings. Operations issued on it
+    /// directly bypass the throttle.
     [[nodiscard]] Inner& inner() noexcept { return inner_; }
+    /// @copydoc inner()
     [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
 
     /// The current configuration.

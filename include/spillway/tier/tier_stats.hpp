@@ -1,10 +1,11 @@
-// spillway/tier/tier_stats.hpp: counters every storage tier keeps, and the recorder that
-// maintains them.
-//
-// Guarantees: counters are monotonic over a tier's life; busy time counts wall time during
-// which at least one operation of that direction was in flight (overlapping operations are
-// not double-counted), so bytes / busy seconds is the bandwidth the tier delivered while it
-// worked. stats_recorder is thread-safe.
+/// @file
+/// spillway/tier/tier_stats.hpp: counters every storage tier keeps, and the recorder that
+/// maintains them.
+///
+/// Guarantees: counters are monotonic over a tier's life; busy time counts wall time during
+/// which at least one operation of that direction was in flight (overlapping operations are
+/// not double-counted), so bytes / busy seconds is the bandwidth the tier delivered while it
+/// worked. stats_recorder is thread-safe.
 #pragma once
 
 #include <chrono>
@@ -13,39 +14,53 @@
 
 namespace spillway {
 
+/// A snapshot of a tier's counters since it was created (stats() of every storage_tier).
+/// A plain value: copying it is the way to compare two moments.
 struct tier_stats {
-    std::uint64_t bytes_read = 0;
-    std::uint64_t bytes_written = 0;
-    std::uint64_t reads = 0;         // completed read operations
-    std::uint64_t writes = 0;        // completed write operations
-    std::uint64_t failed_reads = 0;  // read operations that ended in an error
-    std::uint64_t failed_writes = 0;
-    double read_busy_seconds = 0;   // wall time with >= 1 read in flight
-    double write_busy_seconds = 0;  // wall time with >= 1 write in flight
+    std::uint64_t bytes_read = 0;     ///< bytes delivered by successful reads
+    std::uint64_t bytes_written = 0;  ///< bytes stored by successful writes
+    std::uint64_t reads = 0;          ///< completed read operations
+    std::uint64_t writes = 0;         ///< completed write operations
+    std::uint64_t failed_reads = 0;   ///< read operations that ended in an error
+    std::uint64_t failed_writes = 0;  ///< write operations that ended in an error
+    double read_busy_seconds = 0;     ///< wall time with >= 1 read in flight, seconds
+    double write_busy_seconds = 0;    ///< wall time with >= 1 write in flight, seconds
 
     /// Bytes per second delivered while reads were in flight (0 before any read).
     [[nodiscard]] double read_bandwidth() const noexcept {
         return read_busy_seconds > 0 ? static_cast<double>(bytes_read) / read_busy_seconds : 0.0;
     }
+    /// Bytes per second delivered while writes were in flight (0 before any write).
     [[nodiscard]] double write_bandwidth() const noexcept {
         return write_busy_seconds > 0 ? static_cast<double>(bytes_written) / write_busy_seconds : 0.0;
     }
 };
 
 /// The two directions of a transfer.
-enum class io_direction { read, write };
+enum class io_direction {
+    read,   ///< from the tier into the caller's buffer
+    write,  ///< from the caller's buffer into the tier
+};
 
 /// Thread-safe bookkeeping behind tier_stats. Call begin() when an operation is issued and
 /// end() exactly once when it completes.
 class stats_recorder {
 public:
+    /// The clock behind the busy times: monotonic, unaffected by changes of the wall clock.
     using clock = std::chrono::steady_clock;
 
+    /// Records that an operation of direction `dir` was issued; the busy time of that
+    /// direction starts running if none was in flight.
     void begin(io_direction dir) {
         std::lock_guard lock(mutex_);
         auto& d = side(dir);
         if (d.in_flight++ == 0) d.busy_since = clock::now();
     }
+    /// Records that an operation begun with begin(dir) finished, once per begin().
+    /// @param dir    the direction given to begin()
+    /// @param nbytes bytes transferred; counted only when `ok`
+    /// @param ok     false when the operation ended in an error (counted in failed_reads or
+    ///               failed_writes)
     void end(io_direction dir, std::uint64_t nbytes, bool ok) {
         std::lock_guard lock(mutex_);
         auto& d = side(dir);
@@ -56,6 +71,8 @@ public:
             if (ok) { stats_.bytes_written += nbytes; ++stats_.writes; } else { ++stats_.failed_writes; }
         }
     }
+    /// The counters now; the busy time of a direction with operations in flight includes the
+    /// time up to this call.
     [[nodiscard]] tier_stats snapshot() const {
         std::lock_guard lock(mutex_);
         tier_stats s = stats_;

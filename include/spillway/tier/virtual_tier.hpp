@@ -1,68 +1,69 @@
-// spillway/tier/virtual_tier.hpp: one storage tier over several child tiers (storage
-// paths), used together in proportion to their bandwidth, with node-level concurrency
-// control and fail-over.
-//
-// Two ways to name the children, both without boilerplate:
-//   virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>> vt(opts,
-//       child_args("/nvme/ckpt"), child_args(limit, std::in_place, "/pfs/ckpt"));  // built in place
-//   virtual_tier<node_lock, host_tier&, host_tier&> vt(opts, a, b);               // borrowed
-//   virtual_tier<thread_lock, std::vector<file_tier<>>> vt(opts, paths);           // run-time list
-// The vector form takes any range whose elements construct one child each (an argument, or
-// a child_args tuple), a count and a factory, or a vector of unique_ptr children.
-//
-// Guarantees (the storage_tier contract of storage_tier.hpp holds, plus):
-//  - Placement. Each key lives on one child. When a key is written, the number of keys each
-//    child should hold is n_i = N * B_i / sum_j B_j with largest-remainder rounding
-//    (split_by_bandwidth), over the healthy children that have room for the blob. A key
-//    stays where it is while its child is not above its share; otherwise it goes to the
-//    child furthest below its share. B_i comes from options.bandwidths (bytes per second, or
-//    any ratio) or, when none are given, from a probe at construction (per child, one
-//    warm-up and three timed writes and reads of probe_nbytes, erased afterwards). A child of bandwidth 0 gets no key.
-//  - Adaptation (placement_mode::adaptive, the default). The tier times every transfer it
-//    makes to each child and keeps a moving average of each child's read and write
-//    bandwidth (bytes over busy time, each sample weighted by 1 - exp(-busy / window), so a
-//    burst that finishes at once barely counts). A child's placement weight is
-//    1 / (1/read + 1/write) once both are known, else the one known; a child not measured
-//    yet keeps its given bandwidth scaled by the measured-over-given ratio of the others.
-//    A rewrite is the move: no extra I/O is done, and the old copy is erased only after the
-//    new write completed (a failure before that leaves the old copy in place).
-//  - Concurrency control. Every transfer to child i runs under the lock policy: the read
-//    lock of child i for reads, its write lock for writes (path_locks: names
-//    "<lock name>.read" and "<lock name>.write", lock name options.lock_names[i] or
-//    "<name>.<i>"). With node_lock, at most one process of the node reads, and one writes,
-//    a child at a time. Operations wait in one queue; a worker takes the first queued
-//    operation whose child lock it can take with try_lock(), so a worker that finds a child
-//    busy serves another key from a free child first (write_batch / read_batch submit many
-//    at once). When nothing can be taken, workers poll with a back-off up to
-//    options.poll_interval (locks held by other processes send no wake-up).
-//  - Fail-over. A write that fails on a child with std::system_error (EIO, ENOSPC, ...) marks
-//    that child degraded (no new keys go there) and is written to another child; nothing is
-//    lost while the caller's buffer is intact. Only when every usable child failed does the
-//    write fail, naming the key, the size and each child's error. A read whose only copy is
-//    on a child that fails raises an error naming the key and the child (and marks the child
-//    degraded unless the error is ENOENT or a size mismatch). restore(i) clears the mark.
-//  - Statistics: stats() counts the virtual tier's own operations (issue to completion);
-//    report() gives, per child, the bytes and operations the virtual tier moved to and from
-//    it, its bandwidth estimates, weight, key count and health.
-//  - The index of keys lives in memory. A key the index does not know is looked up in the
-//    children (contains()), so blobs a persistent child already held are found and adopted.
-//  - Destruction finishes every queued operation, then joins the workers.
-//
-// Operation protocol:
-//  1. write()/read() validate the key (std::invalid_argument, thrown at once). A write picks
-//     its child now (placement above) and counts the key there; a read takes the key's
-//     current child, or fails at once (ENOENT, size mismatch) through its completion.
-//  2. The operation joins the queue and a worker is woken.
-//  3. A worker scans the queue in order and takes the first operation whose child lock
-//     (read or write) try_lock() grants; if none, it waits on the queue (back-off poll).
-//  4. The worker runs the child's read or write and waits for it, then releases the lock
-//     and wakes the others.
-//  5. Write success: the index points the key at the new child, then the old copy (on
-//     another child) is erased, then the completion becomes ready. Write failure: step 6.
-//     Read: the completion becomes ready with the bytes or the wrapped error.
-//  6. The failed child is marked degraded; the placement is recomputed without the children
-//     already tried; the operation goes back to the front of the queue with the new child
-//     (step 3), or fails when no child is left.
+/// @file
+/// spillway/tier/virtual_tier.hpp: one storage tier over several child tiers (storage
+/// paths), used together in proportion to their bandwidth, with node-level concurrency
+/// control and fail-over.
+///
+/// Two ways to name the children, both without boilerplate:
+///   virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>> vt(opts,
+///       child_args("/nvme/ckpt"), child_args(limit, std::in_place, "/pfs/ckpt"));  // built in place
+///   virtual_tier<node_lock, host_tier&, host_tier&> vt(opts, a, b);               // borrowed
+///   virtual_tier<thread_lock, std::vector<file_tier<>>> vt(opts, paths);           // run-time list
+/// The vector form takes any range whose elements construct one child each (an argument, or
+/// a child_args tuple), a count and a factory, or a vector of unique_ptr children.
+///
+/// Guarantees (the storage_tier contract of storage_tier.hpp holds, plus):
+///  - Placement. Each key lives on one child. When a key is written, the number of keys each
+///    child should hold is n_i = N * B_i / sum_j B_j with largest-remainder rounding
+///    (split_by_bandwidth), over the healthy children that have room for the blob. A key
+///    stays where it is while its child is not above its share; otherwise it goes to the
+///    child furthest below its share. B_i comes from options.bandwidths (bytes per second, or
+///    any ratio) or, when none are given, from a probe at construction (per child, one
+///    warm-up and three timed writes and reads of probe_nbytes, erased afterwards). A child of bandwidth 0 gets no key.
+///  - Adaptation (placement_mode::adaptive, the default). The tier times every transfer it
+///    makes to each child and keeps a moving average of each child's read and write
+///    bandwidth (bytes over busy time, each sample weighted by 1 - exp(-busy / window), so a
+///    burst that finishes at once barely counts). A child's placement weight is
+///    1 / (1/read + 1/write) once both are known, else the one known; a child not measured
+///    yet keeps its given bandwidth scaled by the measured-over-given ratio of the others.
+///    A rewrite is the move: no extra I/O is done, and the old copy is erased only after the
+///    new write completed (a failure before that leaves the old copy in place).
+///  - Concurrency control. Every transfer to child i runs under the lock policy: the read
+///    lock of child i for reads, its write lock for writes (path_locks: names
+///    "<lock name>.read" and "<lock name>.write", lock name options.lock_names[i] or
+///    "<name>.<i>"). With node_lock, at most one process of the node reads, and one writes,
+///    a child at a time. Operations wait in one queue; a worker takes the first queued
+///    operation whose child lock it can take with try_lock(), so a worker that finds a child
+///    busy serves another key from a free child first (write_batch / read_batch submit many
+///    at once). When nothing can be taken, workers poll with a back-off up to
+///    options.poll_interval (locks held by other processes send no wake-up).
+///  - Fail-over. A write that fails on a child with std::system_error (EIO, ENOSPC, ...) marks
+///    that child degraded (no new keys go there) and is written to another child; nothing is
+///    lost while the caller's buffer is intact. Only when every usable child failed does the
+///    write fail, naming the key, the size and each child's error. A read whose only copy is
+///    on a child that fails raises an error naming the key and the child (and marks the child
+///    degraded unless the error is ENOENT or a size mismatch). restore(i) clears the mark.
+///  - Statistics: stats() counts the virtual tier's own operations (issue to completion);
+///    report() gives, per child, the bytes and operations the virtual tier moved to and from
+///    it, its bandwidth estimates, weight, key count and health.
+///  - The index of keys lives in memory. A key the index does not know is looked up in the
+///    children (contains()), so blobs a persistent child already held are found and adopted.
+///  - Destruction finishes every queued operation, then joins the workers.
+///
+/// Operation protocol:
+///  1. write()/read() validate the key (std::invalid_argument, thrown at once). A write picks
+///     its child now (placement above) and counts the key there; a read takes the key's
+///     current child, or fails at once (ENOENT, size mismatch) through its completion.
+///  2. The operation joins the queue and a worker is woken.
+///  3. A worker scans the queue in order and takes the first operation whose child lock
+///     (read or write) try_lock() grants; if none, it waits on the queue (back-off poll).
+///  4. The worker runs the child's read or write and waits for it, then releases the lock
+///     and wakes the others.
+///  5. Write success: the index points the key at the new child, then the old copy (on
+///     another child) is erased, then the completion becomes ready. Write failure: step 6.
+///     Read: the completion becomes ready with the bytes or the wrapped error.
+///  6. The failed child is marked degraded; the placement is recomputed without the children
+///     already tried; the operation goes back to the front of the queue with the new child
+///     (step 3), or fails when no child is left.
 #pragma once
 
 #include <algorithm>
@@ -101,22 +102,31 @@
 namespace spillway {
 
 /// Arguments of one child, built in place by the virtual tier: child_args(path, options).
+/// @return the arguments, decayed and copied into a tuple (so temporaries may be passed)
 template <class... Args>
 std::tuple<std::decay_t<Args>...> child_args(Args&&... args) {
     return std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...);
 }
 
 /// Whether placement follows measured bandwidth or stays with the initial figures.
-enum class placement_mode { adaptive, fixed };
+enum class placement_mode {
+    adaptive,  ///< weights follow the moving averages of measured bandwidth (the default)
+    fixed,     ///< weights stay the given (or probed) bandwidths
+};
 
 /// A child's condition as the virtual tier sees it.
-enum class child_health { healthy, degraded };
+enum class child_health {
+    healthy,   ///< receives new keys
+    degraded,  ///< a write or read failed there: no new keys until restore()
+};
 
+/// Settings of a virtual_tier, checked eagerly by its constructor.
 struct virtual_tier_options {
     /// The tier's name in messages and reports, and the prefix of the default lock names.
     std::string name = "virtual";
     /// Bandwidth of each child (bytes per second, or any ratio); empty: probe at construction.
     std::vector<double> bandwidths{};
+    /// Whether placement follows measured bandwidth (adaptive) or keeps the initial figures.
     placement_mode placement = placement_mode::adaptive;
     /// Time constant of the bandwidth moving average, in seconds of busy time: long enough
     /// to average a few transfers delayed by a busy machine, short enough to follow a path
@@ -129,9 +139,10 @@ struct virtual_tier_options {
     std::size_t capacity = std::numeric_limits<std::size_t>::max();
     /// Worker threads; 0: two per child (one reader and one writer each).
     std::size_t workers = 0;
-    /// Where named lock policies keep their files (node_lock), and the lock name of each
-    /// child (empty: "<name>.<index>"). Processes that share a path must use one name.
+    /// Where named lock policies keep their files (node_lock).
     lock_options locks{};
+    /// The lock name of each child (empty: `"<name>.<index>"`); one entry per child when
+    /// given. Processes that share a path must use one name for it.
     std::vector<std::string> lock_names{};
     /// Longest wait between scans of the queue when every wanted child lock is taken.
     std::chrono::microseconds poll_interval{500};
@@ -139,26 +150,26 @@ struct virtual_tier_options {
 
 /// One child as report() shows it.
 struct child_report {
-    std::size_t index = 0;
-    std::string name;
-    child_health health = child_health::healthy;
-    std::string fault;             // the error that degraded the child, if any
-    std::size_t keys = 0;          // keys placed on the child (including writes in flight)
-    double read_bandwidth = 0;     // moving averages, bytes per second (0: not measured yet)
-    double write_bandwidth = 0;
-    double weight = 0;             // placement weight now
-    tier_stats moved{};            // transfers the virtual tier made to and from the child
+    std::size_t index = 0;         ///< position among the children
+    std::string name;              ///< the child's name()
+    child_health health = child_health::healthy;  ///< degraded after a failure, until restore()
+    std::string fault;             ///< the error that degraded the child, if any
+    std::size_t keys = 0;          ///< keys placed on the child (including writes in flight)
+    double read_bandwidth = 0;     ///< moving average, bytes per second (0: not measured yet)
+    double write_bandwidth = 0;    ///< moving average, bytes per second (0: not measured yet)
+    double weight = 0;             ///< placement weight now (bytes per second, or the given ratio)
+    tier_stats moved{};            ///< transfers the virtual tier made to and from the child
 };
 
 /// One write of a batch; the caller keeps `bytes` alive until its completion is ready.
 struct write_request {
-    std::string_view key;
-    std::span<const std::byte> bytes;
+    std::string_view key;               ///< validated like any key; copied at submission
+    std::span<const std::byte> bytes;   ///< the blob to store
 };
 /// One read of a batch; the caller keeps `bytes` alive until its completion is ready.
 struct read_request {
-    std::string_view key;
-    std::span<std::byte> bytes;
+    std::string_view key;          ///< validated like any key; copied at submission
+    std::span<std::byte> bytes;    ///< receives the blob; its size must equal size_of(key)
 };
 
 namespace detail {
@@ -288,6 +299,17 @@ inline std::size_t saturating_add(std::size_t a, std::size_t b) noexcept {
 
 }  // namespace detail
 
+/// One storage_tier over several child tiers (storage paths), with bandwidth-proportional
+/// placement, per-path locks and fail-over; the guarantees and the operation protocol are in
+/// the file comment.
+///
+/// Thread-safe: any member may be called from any thread; operations on different keys run
+/// concurrently on a pool of workers. Not copyable, not movable (the workers point at it).
+/// @tparam LockPolicy a lock_policy guarding each child's reads and writes (node_lock across
+///         processes, thread_lock within one, null_lock for none)
+/// @tparam Children   either one or more storage_tier types (a reference type borrows a
+///         child the caller keeps alive), or one `std::vector<T>` of a storage_tier T for a
+///         list fixed at run time
 template <lock_policy LockPolicy, class... Children>
     requires(sizeof...(Children) >= 1 && (detail::vt_valid_child_v<Children> && ...))
 class virtual_tier {
@@ -296,7 +318,9 @@ class virtual_tier {
     using list_child = typename detail::vt_list_child<Children...>::type;
 
 public:
+    /// A property holds for the virtual tier when it holds for every child.
     static constexpr tier_properties properties = children_type::properties;
+    /// The lock policy type.
     using lock_type = LockPolicy;
 
     // ---- Construction ----------------------------------------------------------------------
@@ -341,9 +365,13 @@ public:
         start();
     }
 
+    /// Owns threads and locks: not copyable.
     virtual_tier(const virtual_tier&) = delete;
+    /// Owns threads and locks: not copyable.
     virtual_tier& operator=(const virtual_tier&) = delete;
 
+    /// Finishes every queued operation, then joins the workers; owned children are destroyed
+    /// after that (borrowed ones are left to the caller).
     ~virtual_tier() {
         {
             std::lock_guard lock(mutex_);
@@ -367,6 +395,10 @@ public:
     }
 
     /// Reads `key` from the child that holds it. bytes.size() must equal size_of(key).
+    /// Errors through the completion: std::system_error(ENOENT) for an unknown key and
+    /// std::invalid_argument for a size mismatch (both naming the key), or the child's error
+    /// naming the key and the child.
+    /// @throws std::invalid_argument at once for a bad key
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         validate_key(key);
         std::unique_lock lock(mutex_);
@@ -401,11 +433,15 @@ public:
         if (!home) return false;
         return children_.visit(*home, [&](auto& c) { return c.erase(key); });
     }
+    /// True when a child holds a committed copy of `key` (a first write still in flight does
+    /// not count). A key unknown to the index is looked up in the children and adopted.
     [[nodiscard]] bool contains(std::string_view key) const {
         std::lock_guard lock(mutex_);
         auto it = find_entry(key);
         return it != index_.end() && it->second.home.has_value();
     }
+    /// The size in bytes of the committed blob of `key`, or std::nullopt (same lookup as
+    /// contains()).
     [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const {
         std::lock_guard lock(mutex_);
         auto it = find_entry(key);
@@ -430,9 +466,11 @@ public:
     }
     /// The virtual tier's own operations, issue to completion.
     [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    /// options.name.
     [[nodiscard]] const std::string& name() const noexcept { return options_.name; }
 
     // ---- Beyond the concept ----------------------------------------------------------------
+    /// The number of children (fixed for the tier's life).
     [[nodiscard]] std::size_t child_count() const noexcept { return slots_.size(); }
     /// Child I (compile-time form).
     template <std::size_t I>
