@@ -1,5 +1,9 @@
-// spillway/spillway.hpp: the umbrella header; includes every public host header.
-// CUDA pieces (spillway/cuda/) are included separately by code compiled with nvcc.
+/// @file
+/// spillway/spillway.hpp: the umbrella header; includes every public host header.
+/// CUDA pieces (spillway/cuda/) are included separately by code compiled with nvcc.
+///
+/// Including one header of a piece is enough for that piece (each header compiles on its
+/// own); this one is for code that uses many.
 #pragma once
 
 #include "spillway/config.hpp"
@@ -28,3 +32,18 @@
 #include "spillway/tier/tier_stats.hpp"
 #include "spillway/tier/virtual_tier.hpp"
 #include "spillway/trace/recorder.hpp"
+
+/// @namespace spillway
+/// Everything public in Spillway, by layer (each layer knows only the ones below it):
+/// - storage: the storage_tier concept and its models (host_tier, file_tier, the
+///   throttled_tier and faulty_tier decorators, virtual_tier over several paths), with
+///   lock policies (null_lock, thread_lock, node_lock) guarding each path;
+/// - I/O: io_completion handles, aligned_buffer, the io_uring and POSIX engines;
+/// - the optimizer: the mixed-precision AdamW step (adamw_step), the alternating subgroup
+///   order and the update pipeline;
+/// - activations: the activation stash.
+///
+/// Names in a nested `detail` namespace are internals, not part of the API.
+
+/// @namespace spillway::cuda
+/// The CUDA pieces (spillway/cuda/), compiled only by nvcc with the `spillway::cuda` target.

@@ -68,7 +68,7 @@ struct adamw_config {
 /// How adamw_step treats non-finite gradients.
 enum class grad_check {
     scan,             ///< scan every gradient first; on inf/NaN skip the step (the default)
-    caller_verified,  ///< the caller proved them finite (e.g. grad_sum_squares was finite): no scan
+    caller_verified,  ///< the caller proved them finite (for example grad_sum_squares was finite): no scan
 };
 
 /// Per-step arguments of adamw_step.

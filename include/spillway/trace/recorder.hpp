@@ -1,22 +1,23 @@
-// spillway/trace/recorder.hpp: a timeline recorder exported as Chrome trace JSON.
-//
-// Components (the update pipeline, the activation stash, a trainer) record "complete"
-// events (a name, a begin and an end time) on named tracks; write_json() exports them in the
-// Chrome trace event format, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
-//
-// Guarantees:
-// - Thread-safe: any thread may add tracks and record events concurrently.
-// - Cheap when disabled: a disabled recorder costs one relaxed atomic load per call; a
-//   scoped_event on a disabled (or null) recorder reads no clock and allocates nothing.
-// - Tracks are created on first use by name (track("reads") returns the same id every time)
-//   and appear in the export in creation order.
-// - Events on one track may overlap (several reads in flight): the export splits such a
-//   track into lanes ("reads", "reads #2", ...) so that every lane holds only properly
-//   nested events, which Perfetto's JSON importer requires. Times are microseconds since
-//   the recorder was created; pid is the process id, so traces of several processes can be
-//   merged by concatenating their traceEvents arrays.
-// - save(path) writes the JSON to a new file of mode 0600 (replacing an existing one through
-//   a temporary file and rename) and throws std::system_error naming the path on failure.
+/// @file
+/// spillway/trace/recorder.hpp: a timeline recorder exported as Chrome trace JSON.
+///
+/// Components (the update pipeline, the activation stash, a trainer) record "complete"
+/// events (a name, a begin and an end time) on named tracks; write_json() exports them in the
+/// Chrome trace event format, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+///
+/// Guarantees:
+/// - Thread-safe: any thread may add tracks and record events concurrently.
+/// - Cheap when disabled: a disabled recorder costs one relaxed atomic load per call; a
+///   scoped_event on a disabled (or null) recorder reads no clock and allocates nothing.
+/// - Tracks are created on first use by name (track("reads") returns the same id every time)
+///   and appear in the export in creation order.
+/// - Events on one track may overlap (several reads in flight): the export splits such a
+///   track into lanes ("reads", "reads #2", ...) so that every lane holds only properly
+///   nested events, which Perfetto's JSON importer requires. Times are microseconds since
+///   the recorder was created; pid is the process id, so traces of several processes can be
+///   merged by concatenating their traceEvents arrays.
+/// - save(path) writes the JSON to a new file of mode 0600 (replacing an existing one through
+///   a temporary file and rename) and throws std::system_error naming the path on failure.
 #pragma once
 
 #include <algorithm>
@@ -41,42 +42,56 @@
 
 #include "spillway/error.hpp"
 
+/// Timelines of what the primitives do, exported for Perfetto (trace/recorder.hpp).
 namespace spillway::trace {
 
+/// The clock of every event: monotonic, so intervals are never negative.
 using clock = std::chrono::steady_clock;
 
 /// Whether a recorder starts recording.
-enum class recording { enabled, disabled };
+enum class recording {
+    enabled,   ///< events are kept from the start
+    disabled,  ///< calls are ignored until recorder::enable()
+};
 
 /// Identifies a track within one recorder.
 using track_id = std::uint32_t;
 
 /// One recorded interval.
 struct event {
-    track_id track = 0;
-    std::string name;
-    std::string category;
-    clock::time_point begin{};
-    clock::time_point end{};
-    std::vector<std::pair<std::string, double>> args;  // shown in Perfetto's details pane
+    track_id track = 0;          ///< the track it was recorded on (recorder::track())
+    std::string name;            ///< what happened: the slice label in Perfetto
+    std::string category;        ///< optional grouping ("cat" in the JSON); empty: none
+    clock::time_point begin{};   ///< start of the interval
+    clock::time_point end{};     ///< end of the interval, >= begin
+    std::vector<std::pair<std::string, double>> args;  ///< named numbers, shown in Perfetto's details pane
 };
 
 class recorder;
 
 /// Records one event on destruction, from its construction time. Movable, not copyable.
-/// A scoped_event for a null or disabled recorder is inert.
+/// A scoped_event for a null or disabled recorder is inert. The recorder must outlive it.
 class scoped_event {
 public:
+    /// An inert event: records nothing.
     scoped_event() = default;
+    /// Starts an event on `track` of `rec` now (reads the clock only when `rec` is non-null
+    /// and enabled; otherwise inert). recorder::scope() is the usual way to make one.
     scoped_event(recorder* rec, track_id track, std::string_view name, std::string_view category = {});
+    /// Takes over `o`'s pending event; `o` becomes inert.
     scoped_event(scoped_event&& o) noexcept
         : rec_(std::exchange(o.rec_, nullptr)), track_(o.track_), name_(std::move(o.name_)),
           category_(std::move(o.category_)), begin_(o.begin_) {}
+    /// Not assignable: an event has one start.
     scoped_event& operator=(scoped_event&&) = delete;
+    /// One interval is recorded once: not copyable.
     scoped_event(const scoped_event&) = delete;
+    /// One interval is recorded once: not copyable.
     scoped_event& operator=(const scoped_event&) = delete;
+    /// Records the event (ending now) unless finish() already did; never throws.
     ~scoped_event() { finish(); }
-    /// Records the event now (instead of at destruction); later calls do nothing.
+    /// Records the event now (instead of at destruction); later calls do nothing. Best
+    /// effort: an event the recorder refuses (an unknown track) or cannot store is lost.
     void finish() noexcept;
 
 private:
@@ -87,15 +102,26 @@ private:
     clock::time_point begin_{};
 };
 
+/// Collects events on named tracks and exports them as Chrome trace JSON (guarantees in
+/// the file comment). Thread-safe; not copyable, not movable (scoped_event points at it).
 class recorder {
 public:
+    /// An empty recorder; the time origin of the export is now.
+    /// @param mode         whether it records from the start
+    /// @param process_name the process label in Perfetto (a rank number, a job name, ...)
     explicit recorder(recording mode = recording::enabled, std::string process_name = "spillway")
         : enabled_(mode == recording::enabled), process_name_(std::move(process_name)), origin_(clock::now()) {}
+    /// Owns the events: not copyable.
     recorder(const recorder&) = delete;
+    /// Owns the events: not copyable.
     recorder& operator=(const recorder&) = delete;
 
+    /// True while events are being kept.
     [[nodiscard]] bool enabled() const noexcept { return enabled_.load(std::memory_order_relaxed); }
+    /// Starts keeping events (from the next call; events already recorded stay).
     void enable() noexcept { enabled_.store(true, std::memory_order_relaxed); }
+    /// Stops keeping events: complete() returns at once and new scoped_events are inert
+    /// (events already recorded stay; a scoped_event started before still records).
     void disable() noexcept { enabled_.store(false, std::memory_order_relaxed); }
 
     /// The id of the track called `name`, created on first use.
@@ -127,14 +153,17 @@ public:
         return scoped_event(this, track, name, category);
     }
 
+    /// The number of events recorded (since construction or clear()).
     [[nodiscard]] std::size_t size() const {
         std::lock_guard lock(mutex_);
         return events_.size();
     }
+    /// A copy of the recorded events, in recording order.
     [[nodiscard]] std::vector<event> events() const {
         std::lock_guard lock(mutex_);
         return events_;
     }
+    /// The track names; a track's id is its index.
     [[nodiscard]] std::vector<std::string> tracks() const {
         std::lock_guard lock(mutex_);
         return tracks_;
@@ -145,7 +174,9 @@ public:
         events_.clear();
     }
 
-    /// Writes the Chrome trace JSON ({"traceEvents": [...], "displayTimeUnit": "ms"}).
+    /// Writes the Chrome trace JSON (`{"traceEvents": [...], "displayTimeUnit": "ms"}`) of a
+    /// snapshot of the events: process and lane names as metadata events, then one "X"
+    /// (complete) event per recorded event, times in microseconds since construction.
     void write_json(std::ostream& out) const {
         std::vector<event> evs;
         std::vector<std::string> names;
@@ -243,13 +274,16 @@ public:
         out << "\n],\"displayTimeUnit\":\"ms\"}\n";
     }
 
+    /// The JSON of write_json() as a string.
     [[nodiscard]] std::string json() const {
         std::ostringstream s;
         write_json(s);
         return s.str();
     }
 
-    /// Writes the JSON to `path` (mode 0600, replaced atomically through a temporary file).
+    /// Writes the JSON to `path` (mode 0600, replaced atomically through a temporary file
+    /// `<path>.tmp-<pid>`, removed again on failure).
+    /// @throws std::system_error naming the call (open, write, close, rename) and the path
     void save(const std::filesystem::path& path) const {
         std::string text = json();
         std::string tmp = path.string() + ".tmp-" + std::to_string(::getpid());
