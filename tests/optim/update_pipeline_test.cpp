@@ -257,6 +257,69 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
     }
 }
 
+TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identical results") {
+    const std::size_t n = 10;
+    const std::size_t count = n * subgroup;
+    const std::uint64_t blob = 12 * subgroup;
+    auto init = make_params(count, 17);
+    for (auto path : {gradient_path::lazy_widening, gradient_path::fp32_on_tier}) {
+        for (std::size_t buffers : {3u, 5u, 8u}) {
+            CAPTURE(buffers);
+            CAPTURE(static_cast<int>(path));
+            host_tier plain_tier, prefetch_tier;
+            pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers,
+                                .adam = test_adam(), .max_grad_norm = 1.5};
+            pipeline_options opt;
+            opt.gradients = path;
+            update_pipeline<host_tier, float16> plain(plain_tier, cfg, init, opt);
+            update_pipeline<host_tier, float16> pre(prefetch_tier, cfg, init, opt);
+            reference<float16, float16> ref(init, 1.5);
+            std::vector<float16> copy_plain(count), copy_pre(count);
+            for (int k = 0; k < 5; ++k) {
+                const bool overflow = k == 2;  // a skipped step keeps the prefetch for the next one
+                auto g = make_grads<float16>(count, 400 + static_cast<unsigned>(k), 1.0f, overflow);
+                auto r_plain = plain.update(g, copy_plain);
+                // Backward of the trainer: the prefetch overlaps it.
+                const std::size_t resident = pre.resident_subgroups().size();
+                const std::size_t free_buffers = buffers - resident - pre.prefetched_count();
+                const std::size_t usable = path == gradient_path::fp32_on_tier ? free_buffers - 1 : free_buffers;
+                const std::size_t already = pre.prefetched_count();
+                auto before = prefetch_tier.stats();
+                const std::size_t started = pre.begin_prefetch();
+                CHECK(started == std::min(usable, n - resident - already));
+                CHECK(pre.prefetched_count() == already + started);
+                CHECK(pre.begin_prefetch() == 0);  // nothing free is left (or all are read)
+                auto after_prefetch = prefetch_tier.stats();
+                CHECK(after_prefetch.bytes_read - before.bytes_read == started * blob);  // issued before update()
+                auto r_pre = pre.update(g, copy_pre);
+                auto after_update = prefetch_tier.stats();
+                REQUIRE(r_pre == r_plain);
+                REQUIRE(r_pre == ref.step(g, 1.0f));
+                const auto& st = pre.last_stats();
+                if (r_pre == step_result::skipped_overflow) {
+                    CHECK(pre.prefetched_count() == already + started);
+                    continue;
+                }
+                CHECK(st.served_from_prefetch == already + started);
+                CHECK(pre.prefetched_count() == 0);
+                // The pipeline counts every state read of the call, the tier only those of
+                // the call itself.
+                CHECK(st.subgroups_read == plain.last_stats().subgroups_read);
+                const std::uint64_t grad_bytes = path == gradient_path::fp32_on_tier ? 4 * count : 0;
+                CHECK(st.bytes_read == st.subgroups_read * blob + grad_bytes);
+                CHECK(after_update.bytes_read - after_prefetch.bytes_read ==
+                      (st.subgroups_read - st.served_from_prefetch) * blob + grad_bytes);
+                CHECK(bits_equal(copy_pre, copy_plain));
+                CHECK(bits_equal(copy_pre, ref.copy));
+            }
+            check_state(pre, ref);
+            // save() and read_state() take back the prefetched buffers when they need one.
+            pre.begin_prefetch();
+            check_state(pre, ref);
+        }
+    }
+}
+
 TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") {
     test::temp_dir a("pipe-child-a"), b("pipe-child-b");
     virtual_tier_options o;

@@ -42,9 +42,11 @@
 //     clipping coefficient. Make room: if more than host_buffers - 3 subgroups are resident
 //     (only after a failed call), write out those visited last until the bound holds.
 //  2. Walk the subgroups in this call's order (alternating_order(N, steps(), first) or
-//     ascending). At each position p, first issue reads ahead: for the next positions in
-//     order whose subgroup is not resident, take a free buffer and issue its read, until no
-//     buffer is free (reads run ahead as far as the budget allows).
+//     ascending). Reads begin_prefetch() started before the call (for the first
+//     non-resident positions) are taken over as they are. At each position p, first issue
+//     reads ahead: for the next positions in order whose subgroup is neither resident nor
+//     being read, take a free buffer and issue its read, until no buffer is free (reads
+//     run ahead as far as the budget allows).
 //  3. Take the buffer of the subgroup at p: a resident buffer is used as is (no read; counted
 //     as served from the resident set). Otherwise, if its read was never issued because no
 //     buffer was free, wait for the oldest write to finish (write-wait) and issue it; then
@@ -175,6 +177,7 @@ struct update_stats {
     std::size_t subgroups_read = 0;
     std::size_t subgroups_written = 0;
     std::size_t served_from_resident = 0;
+    std::size_t served_from_prefetch = 0;  ///< subgroups whose read begin_prefetch() issued before the call
     std::uint64_t bytes_read = 0;     ///< state (and fp32 gradient) bytes the pipeline read
     std::uint64_t bytes_written = 0;  ///< state bytes the pipeline wrote
     std::uint64_t handover_bytes_written = 0;
@@ -292,6 +295,41 @@ public:
                         "update_pipeline::update(copy_out) needs gradient_path::fp32_on_tier; "
                         "pass the gradients with lazy widening");
         return run(std::span<const Grad>{}, copy_out);
+    }
+
+    /// Starts reading, into free host buffers, the first subgroups the next update() visits
+    /// that are not resident, so that a trainer can overlap those reads with its backward
+    /// pass; the next update() picks them up instead of reading them again (counted in
+    /// update_stats::served_from_prefetch). Reads at most `max_subgroups` subgroups and
+    /// never more than the free buffers (with gradient_path::fp32_on_tier one buffer stays
+    /// free for the gradient hand-over, and only the state is prefetched). Calling it again
+    /// extends the prefetch; results are bit-identical with or without it. A skipped
+    /// (overflow) update keeps the prefetched buffers for the next one; save(),
+    /// read_state() and the hand-over may take them back when they need a buffer. A read
+    /// error surfaces in the update() that uses the subgroup, naming it. Returns the number
+    /// of reads started.
+    std::size_t begin_prefetch(std::size_t max_subgroups = std::numeric_limits<std::size_t>::max()) {
+        std::size_t free = 0;
+        for (auto& b : bufs_) free += b.use == use_state::free;
+        if (opts_.gradients == gradient_path::fp32_on_tier && free > 0) --free;
+        std::size_t started = 0;
+        const auto order = next_order();
+        for (std::size_t p = 0; p < n_ && started < std::min(free, max_subgroups); ++p) {
+            const std::size_t s = order[p];
+            if (resident_of_[s] >= 0 || prefetch_of_[s] >= 0) continue;
+            auto b = find_free();
+            if (!b) break;
+            issue_read(*b, s, /*with_grads=*/false);
+            prefetch_of_[s] = static_cast<std::ptrdiff_t>(*b);
+            ++started;
+        }
+        return started;
+    }
+
+    /// Subgroups whose prefetched read waits for the next update() (see begin_prefetch).
+    [[nodiscard]] std::size_t prefetched_count() const noexcept {
+        return static_cast<std::size_t>(std::count_if(prefetch_of_.begin(), prefetch_of_.end(),
+                                                      [](std::ptrdiff_t b) { return b >= 0; }));
     }
 
     /// Writes every dirty resident subgroup to the tier (they stay resident, now clean).
@@ -504,6 +542,7 @@ private:
         for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock);
         tier_version_.assign(n_, 0);
         resident_of_.assign(n_, -1);
+        prefetch_of_.assign(n_, -1);
         if (opts_.recorder) {
             tr_reads_ = opts_.recorder->track("reads");
             tr_compute_ = opts_.recorder->track("compute");
@@ -638,6 +677,10 @@ private:
         const auto order = next_order();
         const std::size_t keep = resident_capacity();
         std::vector<std::ptrdiff_t> read_buf(n_, -1);
+        for (std::size_t p = 0; p < n_; ++p) {  // reads begin_prefetch() started
+            read_buf[p] = std::exchange(prefetch_of_[order[p]], -1);
+            stats_.served_from_prefetch += read_buf[p] >= 0;
+        }
         std::size_t next = 0;
         try {
             for (std::size_t p = 0; p < n_; ++p) {
@@ -648,9 +691,10 @@ private:
                 next = std::max(next, p);
                 while (next < n_) {
                     std::size_t s2 = order[next];
-                    if (resident_of_[s2] >= 0) {
+                    const std::ptrdiff_t held = resident_of_[s2] >= 0 ? resident_of_[s2] : read_buf[next];
+                    if (held >= 0) {  // resident, or prefetched
                         if (opts_.gradients == gradient_path::fp32_on_tier)
-                            issue_grad_read(static_cast<std::size_t>(resident_of_[s2]), s2);
+                            issue_grad_read(static_cast<std::size_t>(held), s2);
                         ++next;
                         continue;
                     }
@@ -812,6 +856,7 @@ private:
         wait_all_writes(nullptr);
         rethrow_pending();
         if (auto b = find_free()) return *b;
+        if (cancel_prefetch()) return scratch_buffer();
         // Every buffer is resident: write the last one out to borrow it.
         for (std::size_t b = bufs_.size(); b-- > 0;) {
             if (bufs_[b].use == use_state::resident) {
@@ -824,7 +869,7 @@ private:
         throw std::logic_error("update_pipeline: no buffer available");
     }
 
-    void issue_read(std::size_t b, std::size_t s) {
+    void issue_read(std::size_t b, std::size_t s, bool with_grads = true) {
         auto& buf = bufs_[b];
         buf.sg = static_cast<std::ptrdiff_t>(s);
         buf.version = tier_version_[s];
@@ -833,7 +878,7 @@ private:
         buf.issued = clock::now();
         buf.traced_end = false;
         buf.op = tier_.read(keys_[s], buf.mem.bytes().first(blob_bytes(s)));
-        if (opts_.gradients == gradient_path::fp32_on_tier) issue_grad_read(b, s);
+        if (with_grads && opts_.gradients == gradient_path::fp32_on_tier) issue_grad_read(b, s);
     }
 
     void issue_grad_read(std::size_t b, std::size_t s) {
@@ -954,6 +999,21 @@ private:
         }
     }
 
+    // Takes back the buffers of begin_prefetch(): waits for their reads and frees them.
+    // Returns whether there were any.
+    bool cancel_prefetch() noexcept {
+        bool any = false;
+        for (auto& b : prefetch_of_) {
+            if (b < 0) continue;
+            auto& buf = bufs_[static_cast<std::size_t>(b)];
+            drain(buf);
+            release(static_cast<std::size_t>(b));
+            b = -1;
+            any = true;
+        }
+        return any;
+    }
+
     void release(std::size_t b) {
         auto& buf = bufs_[b];
         buf.use = use_state::free;
@@ -1020,6 +1080,8 @@ private:
         std::vector<io_completion> ops(bufs_.size());
         std::vector<std::ptrdiff_t> holder(bufs_.size(), -1);
         std::vector<std::size_t> usable;
+        if (std::none_of(bufs_.begin(), bufs_.end(), [](const buffer& b) { return b.use == use_state::free; }))
+            cancel_prefetch();
         for (std::size_t b = 0; b < bufs_.size(); ++b)
             if (bufs_[b].use == use_state::free) usable.push_back(b);
         if (usable.empty()) throw std::logic_error("update_pipeline: no free buffer for the gradient hand-over");
@@ -1135,6 +1197,7 @@ private:
     std::vector<buffer> bufs_;
     std::vector<std::int64_t> tier_version_;    // step held on the tier, per subgroup
     std::vector<std::ptrdiff_t> resident_of_;   // buffer holding the subgroup between calls, or -1
+    std::vector<std::ptrdiff_t> prefetch_of_;   // buffer begin_prefetch() reads the subgroup into, or -1
     std::int64_t steps_ = 0;
     std::uint64_t iteration_ = 0;                // successful update calls (the order's parity)
     handover_state handover_;
