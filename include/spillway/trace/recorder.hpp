@@ -120,8 +120,8 @@ public:
     [[nodiscard]] bool enabled() const noexcept { return enabled_.load(std::memory_order_relaxed); }
     /// Starts keeping events (from the next call; events already recorded stay).
     void enable() noexcept { enabled_.store(true, std::memory_order_relaxed); }
-    /// Stops keeping events: complete() returns at once and new scoped_events are inert
-    /// (events already recorded stay; a scoped_event started before still records).
+    /// Stops keeping events: complete() returns at once, new scoped_events are inert, and a
+    /// scoped_event that ends while disabled is dropped (events already recorded stay).
     void disable() noexcept { enabled_.store(false, std::memory_order_relaxed); }
 
     /// The id of the track called `name`, created on first use.
