@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
         std::vector<spillway::bfloat16> grad_bf16(params.size());
         for (int step = 1; step <= steps; ++step) {
             // [step-2-loop-begin]
+            pipeline.begin_prefetch();            // the update's first reads overlap backward
             model.gradient(params, grad);         // your backward pass
             spillway::narrow(grad, grad_bf16);    // gradients stay bf16 in host memory
             spillway::step_result result = pipeline.update(grad_bf16, params);  // params <- updated fp32 copy
@@ -54,16 +55,18 @@ int main(int argc, char** argv) {
 
             // [step-2-stats-begin]
             const spillway::update_stats& s = pipeline.last_stats();
-            std::printf("step %2lld: %zu subgroups read, %zu served from the resident set, "
+            std::printf("step %2lld: %zu subgroups read (%zu during backward), %zu served from the resident set, "
                         "read wait %.2f ms, compute %.2f ms\n",
-                        static_cast<long long>(s.step), s.subgroups_read, s.served_from_resident,
-                        s.read_wait_seconds * 1e3, s.compute_seconds * 1e3);
+                        static_cast<long long>(s.step), s.subgroups_read, s.served_from_prefetch,
+                        s.served_from_resident, s.read_wait_seconds * 1e3, s.compute_seconds * 1e3);
             // [step-2-stats-end]
             const std::size_t resident = config.host_buffers - 3;
             expect(s.served_from_resident == (step == 1 ? 0 : resident),
                    "every call after the first serves host_buffers - 3 subgroups without a read");
             expect(s.subgroups_read + s.served_from_resident == pipeline.subgroup_count(),
                    "every other subgroup is read from the tier");
+            expect(s.served_from_prefetch == config.host_buffers - (step == 1 ? 0 : resident),
+                   "begin_prefetch() started a read in every free buffer");
         }
 
         const std::vector<float> expected = quickstart::train_in_memory(
