@@ -6,17 +6,25 @@
 // plain `inline` elsewhere, so shared arithmetic compiles with any C++20 compiler.
 #pragma once
 
+/// Major version (incompatible API changes).
 #define SPILLWAY_VERSION_MAJOR 0
+/// Minor version (compatible additions).
 #define SPILLWAY_VERSION_MINOR 1
+/// Patch version (fixes).
 #define SPILLWAY_VERSION_PATCH 0
+/// The version as "major.minor.patch".
 #define SPILLWAY_VERSION_STRING "0.1.0"
 
 #ifndef SPILLWAY_HAS_LIBURING
+/// 1 when the io_uring engine is built on liburing (the CMake target defines it), else 0.
 #  define SPILLWAY_HAS_LIBURING 0
 #endif
 
 #if defined(__CUDACC__)
+/// 1 when compiled by nvcc (the CUDA pieces are usable), else 0.
 #  define SPILLWAY_HAS_CUDA 1
+/// Marks a function for host and device under nvcc (`__host__ __device__ inline`), and as
+/// plain `inline` for every other compiler, so shared arithmetic is written once.
 #  define SPILLWAY_HOST_DEVICE __host__ __device__ inline
 #else
 #  ifndef SPILLWAY_HAS_CUDA
@@ -26,7 +34,10 @@
 #endif
 
 namespace spillway {
+/// SPILLWAY_VERSION_MAJOR as a constant.
 inline constexpr int version_major = SPILLWAY_VERSION_MAJOR;
+/// SPILLWAY_VERSION_MINOR as a constant.
 inline constexpr int version_minor = SPILLWAY_VERSION_MINOR;
+/// SPILLWAY_VERSION_PATCH as a constant.
 inline constexpr int version_patch = SPILLWAY_VERSION_PATCH;
 }  // namespace spillway

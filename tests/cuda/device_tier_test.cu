@@ -3,8 +3,6 @@
 // on the GPU fed straight from a device-tier blob.
 #include <doctest/doctest.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -16,22 +14,8 @@
 #include <spillway/cuda/pinned_buffer.hpp>
 #include <spillway/cuda/thrust_widen.hpp>
 
+#include "cuda/gpu_skip.hpp"
 #include "tier/conformance_cases.hpp"
-
-namespace {
-// Without a usable device the whole binary reports itself skipped (exit 77, which CTest
-// maps to "Skipped"), naming the reason, instead of failing every case.
-[[maybe_unused]] const bool gpu_present = [] {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        std::fprintf(stderr, "GPU tests skipped: no usable CUDA device (%s)\n",
-                     err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
-        std::exit(77);
-    }
-    return true;
-}();
-}  // namespace
 
 namespace spillway::test::conformance {
 /// device_tier on device 0.
@@ -50,8 +34,12 @@ struct device_factory {
 SPILLWAY_CONFORMANCE_SUITE(device_factory, throttled_of<device_factory>, faulty_of<device_factory>);
 SPILLWAY_CONFORMANCE_FAULT_SUITE(device_factory);
 
-using namespace spillway;
+// Using-declarations, not `using namespace spillway`: nvcc's generated code names the
+// global ::cuda namespace, which spillway::cuda would make ambiguous.
+using spillway::bfloat16;
+using spillway::to_float;
 using spillway::test::conformance::MiB;
+namespace test = spillway::test;
 
 TEST_CASE("pinned_buffer: allocation, moves, and a clear error for an impossible size") {
     spillway::cuda::pinned_buffer a(3 * 4096 + 5);

@@ -38,6 +38,7 @@
 
 namespace spillway::cuda {
 
+/// How a device_tier is set up.
 struct device_tier_options {
     /// The CUDA device (ordinal) that holds the blobs.
     int device = 0;
@@ -64,8 +65,10 @@ private:
 };
 }  // namespace detail
 
+/// A storage tier in GPU memory; see the header comment.
 class device_tier {
 public:
+    /// Not persistent, no O_DIRECT, blobs not host-accessible.
     static constexpr tier_properties properties{.persistent = false, .direct_io = false, .host_accessible = false};
 
     /// Creates the tier's stream on options.device. Throws std::system_error (cuda_category())
@@ -78,6 +81,7 @@ public:
     }
     device_tier(const device_tier&) = delete;
     device_tier& operator=(const device_tier&) = delete;
+    /// Waits for every copy and completion, frees every blob, destroys the stream.
     ~device_tier() {
         int previous = device_;
         cudaGetDevice(&previous);
@@ -90,6 +94,9 @@ public:
         cudaSetDevice(previous);
     }
 
+    /// Stores a copy of `bytes` under `key` in device memory (see the rewrite protocol);
+    /// returns at once. The caller keeps `bytes` alive and unchanged until the completion
+    /// is ready. Errors (capacity, allocation, CUDA) are thrown by the completion's wait().
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         validate_key(key);
         const std::size_t n = bytes.size();
@@ -133,6 +140,8 @@ public:
         }
     }
 
+    /// Copies the blob of `key` into `bytes` (exactly its size); returns at once. A missing
+    /// key (ENOENT) or a wrong size (std::invalid_argument) is thrown by wait().
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         validate_key(key);
         const std::size_t n = bytes.size();
@@ -141,10 +150,11 @@ public:
             std::lock_guard lock(mutex_);
             auto it = blobs_.find(std::string(key));
             if (it == blobs_.end())
-                throw std::system_error(ENOENT, std::generic_category(), name_ + ": read of key " + quoted(key) + ": no such key");
+                throw std::system_error(ENOENT, std::generic_category(),
+                                        name_ + ": read of key " + spillway::quoted(key) + ": no such key");
             if (it->second.nbytes != n)
-                throw std::invalid_argument(name_ + ": read of key " + quoted(key) + " into a buffer of " + bytes_str(n) +
-                                            ", but the blob has " + bytes_str(it->second.nbytes));
+                throw std::invalid_argument(name_ + ": read of key " + spillway::quoted(key) + " into a buffer of " +
+                                            bytes_str(n) + ", but the blob has " + bytes_str(it->second.nbytes));
             detail::device_guard guard(device_);
             if (n > 0)
                 check_cuda(cudaMemcpyAsync(bytes.data(), it->second.ptr, n, cudaMemcpyDeviceToHost, stream_),
@@ -156,6 +166,8 @@ public:
         }
     }
 
+    /// Removes the blob (freed in stream order, after the reads already enqueued); false
+    /// when there was none.
     bool erase(std::string_view key) {
         validate_key(key);
         std::lock_guard lock(mutex_);
@@ -169,24 +181,32 @@ public:
         blobs_.erase(it);
         return true;
     }
+    /// True when `key` has a blob.
     [[nodiscard]] bool contains(std::string_view key) const {
         std::lock_guard lock(mutex_);
         return blobs_.contains(std::string(key));
     }
+    /// The blob's size, or nullopt when `key` has none.
     [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const {
         std::lock_guard lock(mutex_);
         auto it = blobs_.find(std::string(key));
         if (it == blobs_.end()) return std::nullopt;
         return it->second.nbytes;
     }
+    /// The most bytes of blobs held at once.
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// Bytes of blobs held now.
     [[nodiscard]] std::size_t used() const {
         std::lock_guard lock(mutex_);
         return used_;
     }
+    /// Transfer statistics since construction.
     [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    /// The tier's name in messages.
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
+    /// The CUDA device holding the blobs.
     [[nodiscard]] int device() const noexcept { return device_; }
+    /// The tier's stream: work on device_pointer() blobs is ordered after it.
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
 
     /// The device address of a blob (valid until the key is rewritten or erased; work on it
@@ -225,7 +245,7 @@ private:
     }
 
     [[nodiscard]] std::string describe(std::string_view op, std::string_view key, std::size_t n) const {
-        return name_ + ": " + std::string(op) + " of key " + quoted(key) + " (" + bytes_str(n) + ")";
+        return name_ + ": " + std::string(op) + " of key " + spillway::quoted(key) + " (" + bytes_str(n) + ")";
     }
 
     int device_;

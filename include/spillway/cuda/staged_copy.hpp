@@ -15,9 +15,9 @@
 //   so a steady transfer runs at the speed of its slower hop.
 // - Pinned slots are page-aligned, so a file tier with O_DIRECT reads and writes them with no
 //   bounce buffer and the copy engines reach them with no staging copy.
-// - Errors: a missing chunk is std::system_error(ENOENT) and a chunk of the wrong size
-//   std::invalid_argument, both naming the chunk's key and the sizes, raised before any
-//   transfer starts; a tier failure is the tier's own error (naming the chunk's key); a CUDA
+// - Errors: a missing chunk is std::system_error(ENOENT), and a chunk of the wrong size or
+//   a blob longer than asked std::invalid_argument, naming the chunk's key and the sizes,
+//   raised before any transfer starts; a tier failure is the tier's own error (naming the chunk's key); a CUDA
 //   failure is std::system_error in cuda_category() naming the key and the chunk. On any
 //   error every transfer already started is waited for before the call throws (the ring is
 //   reusable); the device range (stage_to_device) or the tier's chunks (stage_from_device)
@@ -25,10 +25,14 @@
 //   previous blob replaced or intact chunk by chunk: callers treat the key as lost.
 // - One call at a time per staging_ring (it is not thread-safe); different rings may be
 //   used concurrently, on different streams.
+// - copy_to_device() and copy_from_device() move pageable host memory (a stash's buffers)
+//   to and from the device through the same ring, so a pageable buffer gets pinned-memory
+//   bandwidth with the host copy of one chunk overlapping the PCIe copy of the next.
 #pragma once
 
 #include <cerrno>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -66,7 +70,7 @@ public:
                             " must be a positive multiple of 4096");
         slots_.reserve(slots);
         for (std::size_t i = 0; i < slots; ++i) {
-            slot s{pinned_buffer(chunk_bytes), nullptr};
+            slot s{pinned_buffer(chunk_bytes), nullptr, io_completion{}};
             check_cuda(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming), "cudaEventCreateWithFlags",
                        "staging_ring slot " + std::to_string(i));
             slots_.push_back(std::move(s));
@@ -96,6 +100,8 @@ private:
     friend void stage_to_device(Tier&, std::string_view, void*, std::size_t, cudaStream_t, staging_ring&);
     template <class Tier>
     friend void stage_from_device(Tier&, std::string_view, const void*, std::size_t, cudaStream_t, staging_ring&);
+    friend void copy_to_device(void*, std::span<const std::byte>, cudaStream_t, staging_ring&);
+    friend void copy_from_device(std::span<std::byte>, const void*, cudaStream_t, staging_ring&);
 
     struct slot {
         pinned_buffer memory;
@@ -126,7 +132,8 @@ constexpr std::size_t chunk_length(std::size_t k, std::size_t nbytes, std::size_
     return nbytes - offset < chunk_bytes ? nbytes - offset : chunk_bytes;
 }
 inline std::string staged_context(std::string_view op, std::string_view key, std::size_t nbytes, std::size_t k) {
-    return std::string(op) + " of key " + quoted(key) + " (" + bytes_str(nbytes) + "), chunk " + std::to_string(k);
+    return std::string(op) + " of key " + spillway::quoted(key) + " (" + bytes_str(nbytes) + "), chunk " +
+           std::to_string(k);
 }
 /// True when the slot's last copy has finished; never blocks. CUDA errors throw.
 inline bool copy_finished(cudaEvent_t event, std::string_view what) {
@@ -164,7 +171,8 @@ void drain_quietly(Slots& slots) noexcept {
 /// on `stream` afterwards sees the bytes. Throws as described in the header comment.
 ///
 /// Protocol (chunk k uses slot k % S):
-///  1. Check that every chunk exists with its expected size (nothing is read otherwise).
+///  1. Check that every chunk exists with its expected size and that there is no further
+///     chunk (nothing is read otherwise).
 ///  2. Issue tier reads ahead, into every slot whose previous host-to-device copy has
 ///     finished (polled with cudaEventQuery, never waited for), up to S chunks ahead of the
 ///     chunk being copied.
@@ -186,12 +194,16 @@ void stage_to_device(Tier& tier, std::string_view key, void* device_dst, std::si
         if (!size)
             throw std::system_error(ENOENT, std::generic_category(),
                                     tier.name() + ": " + detail::staged_context("stage_to_device", key, nbytes, k) +
-                                        ": no chunk " + quoted(ck) + " (was it staged with another size?)");
+                                        ": no chunk " + spillway::quoted(ck) + " (was it staged with another size?)");
         if (*size != want)
             throw std::invalid_argument(tier.name() + ": " + detail::staged_context("stage_to_device", key, nbytes, k) +
-                                        ": chunk " + quoted(ck) + " has " + bytes_str(*size) + " but " +
+                                        ": chunk " + spillway::quoted(ck) + " has " + bytes_str(*size) + " but " +
                                         bytes_str(want) + " were expected (chunk size " + bytes_str(chunk) + ")");
     }
+    if (std::string extra = chunk_key(key, count); tier.contains(extra))
+        throw std::invalid_argument(tier.name() + ": stage_to_device of key " + spillway::quoted(key) + " (" +
+                                    bytes_str(nbytes) + "): the staged blob is longer (chunk " +
+                                    spillway::quoted(extra) + " exists)");
     auto* dst = static_cast<std::byte*>(device_dst);
     auto& ss = ring.slots_;
     std::size_t next_read = 0;
@@ -277,6 +289,66 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
         throw;
     }
     detail::erase_chunks_from(tier, key, count);
+}
+
+/// Copies pageable host memory `host_src` to device memory at device_dst through `ring`,
+/// so that the host copy into one slot overlaps the PCIe copy out of the other. Returns when
+/// every chunk has left `host_src` (the caller may reuse it at once) and its copy is
+/// enqueued on `stream`. Throws std::system_error (cuda_category()) naming the chunk.
+///
+/// Protocol (chunk k uses slot k % S): 1. wait for the slot's previous copy (its event);
+/// 2. memcpy chunk k into the slot; 3. enqueue its copy on `stream` and record the event.
+inline void copy_to_device(void* device_dst, std::span<const std::byte> host_src, cudaStream_t stream,
+                           staging_ring& ring) {
+    const std::size_t chunk = ring.chunk_bytes(), n = host_src.size(), count = chunk_count(n, chunk);
+    auto* dst = static_cast<std::byte*>(device_dst);
+    for (std::size_t k = 0; k < count; ++k) {
+        auto& s = ring.slots_[k % ring.slots()];
+        const std::size_t len = detail::chunk_length(k, n, chunk);
+        const std::string what = "copy_to_device of " + bytes_str(n) + ", chunk " + std::to_string(k);
+        check_cuda(cudaEventSynchronize(s.copied), "cudaEventSynchronize", what);  // 1.
+        std::memcpy(s.memory.data(), host_src.data() + k * chunk, len);               // 2.
+        check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len, cudaMemcpyHostToDevice, stream),  // 3.
+                   "cudaMemcpyAsync", what);
+        check_cuda(cudaEventRecord(s.copied, stream), "cudaEventRecord", what);
+    }
+}
+
+/// Copies device memory at device_src into pageable host memory `host_dst` through `ring`:
+/// the PCIe copy into one slot overlaps the host copy out of the other. The copies are
+/// enqueued on `stream` (after the work that produced the bytes). Returns when `host_dst`
+/// holds every byte. Throws std::system_error (cuda_category()) naming the chunk; on an
+/// error every copy already enqueued is waited for.
+///
+/// Protocol (chunk k uses slot k % S): 1. enqueue the copies of the first S chunks, each
+/// followed by its slot's event; 2. for each chunk k: wait for its event, memcpy the slot
+/// into host_dst, then enqueue the copy of chunk k + S into the slot just emptied.
+inline void copy_from_device(std::span<std::byte> host_dst, const void* device_src, cudaStream_t stream,
+                             staging_ring& ring) {
+    const std::size_t chunk = ring.chunk_bytes(), n = host_dst.size(), count = chunk_count(n, chunk);
+    const std::size_t slots = ring.slots();
+    const auto* src = static_cast<const std::byte*>(device_src);
+    auto enqueue = [&](std::size_t j) {
+        auto& s = ring.slots_[j % slots];
+        const std::string what = "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(j);
+        check_cuda(cudaMemcpyAsync(s.memory.data(), src + j * chunk, detail::chunk_length(j, n, chunk),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync", what);
+        check_cuda(cudaEventRecord(s.copied, stream), "cudaEventRecord", what);
+    };
+    try {
+        for (std::size_t j = 0; j < count && j < slots; ++j) enqueue(j);  // 1.
+        for (std::size_t k = 0; k < count; ++k) {                         // 2.
+            auto& s = ring.slots_[k % slots];
+            check_cuda(cudaEventSynchronize(s.copied), "cudaEventSynchronize",
+                       "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(k));
+            std::memcpy(host_dst.data() + k * chunk, s.memory.data(), detail::chunk_length(k, n, chunk));
+            if (k + slots < count) enqueue(k + slots);
+        }
+    } catch (...) {
+        detail::drain_quietly(ring.slots_);
+        throw;
+    }
 }
 
 /// Erases every chunk of the staged blob `key`; returns how many there were.

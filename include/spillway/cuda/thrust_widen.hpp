@@ -31,7 +31,8 @@ namespace spillway::cuda {
 template <class Half>
 struct widen_scaled_fn {
     static_assert(is_half_v<Half>, "widen_scaled_fn<Half>: Half must be float16 or bfloat16");
-    float scale = 1.0f;
+    float scale = 1.0f;  ///< the factor applied after widening (the inverse loss scale)
+    /// to_float(h) * scale.
     SPILLWAY_HOST_DEVICE float operator()(Half h) const noexcept { return to_float(h) * scale; }
 };
 

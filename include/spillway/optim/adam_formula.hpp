@@ -33,15 +33,15 @@ namespace spillway {
 
 /// Per-step constants of the AdamW update, all float.
 struct adamw_coefficients {
-    float grad_mul;         // clip_coef / grad_scale
-    float decay;            // 1 - lr * weight_decay
-    float beta1;
-    float one_minus_beta1;  // 1 - beta1
-    float beta2;
-    float one_minus_beta2;  // 1 - beta2
-    float inv_sqrt_bias2;   // 1 / sqrt(1 - beta2^t)
-    float eps;
-    float neg_step_size;    // -lr / (1 - beta1^t)
+    float grad_mul;         ///< clip_coef / grad_scale
+    float decay;            ///< 1 - lr * weight_decay
+    float beta1;            ///< the first moment's decay
+    float one_minus_beta1;  ///< 1 - beta1
+    float beta2;            ///< the second moment's decay
+    float one_minus_beta2;  ///< 1 - beta2
+    float inv_sqrt_bias2;   ///< 1 / sqrt(1 - beta2^t)
+    float eps;              ///< added to the denominator
+    float neg_step_size;    ///< -lr / (1 - beta1^t)
 };
 
 /// The constants for step t (>= 1); arguments are not validated here (adam.hpp does that).

@@ -63,6 +63,7 @@ inline void widen(std::span<const float16> in, std::span<float> out) {
     detail::check_same_size("widen", in.size(), out.size());
     detail::widen(detail::best_simd_level(), in.data(), out.data(), in.size());
 }
+/// out[i] = to_float(in[i]). Throws std::invalid_argument when the sizes differ.
 inline void widen(std::span<const bfloat16> in, std::span<float> out) {
     detail::check_same_size("widen", in.size(), out.size());
     detail::widen(detail::best_simd_level(), in.data(), out.data(), in.size());
@@ -72,6 +73,7 @@ inline void narrow(std::span<const float> in, std::span<float16> out) {
     detail::check_same_size("narrow", in.size(), out.size());
     detail::narrow(detail::best_simd_level(), in.data(), out.data(), in.size());
 }
+/// out[i] = from_float<bfloat16>(in[i]). Throws std::invalid_argument when the sizes differ.
 inline void narrow(std::span<const float> in, std::span<bfloat16> out) {
     detail::check_same_size("narrow", in.size(), out.size());
     detail::narrow(detail::best_simd_level(), in.data(), out.data(), in.size());

@@ -1,0 +1,356 @@
+// spillway/cuda/device_stash.hpp: the activation stash for tensors in GPU memory. A
+// device_stash puts a host activation_stash (any storage tier behind it) under a GPU
+// trainer: tensors leave device memory on a side stream while compute goes on, and come
+// back to device memory ahead of backward.
+//
+// Guarantees:
+// - Compute never waits: save() records an event on the compute stream and returns; the
+//   copy out runs on the stash's side stream, ordered after that event by
+//   cudaStreamWaitEvent, so the GPU orders it, not the host. load() makes the compute stream
+//   wait for the copy in (cudaStreamWaitEvent) instead of the host; it blocks the host only
+//   while the bytes are still on their way from the tier into host memory.
+// - Round trips are exact, and everything the host stash guarantees holds (deduplication by
+//   tensor identity, forwarding, adaptive keep, the memory budget, errors naming the tensor):
+//   the device tensor's bytes are handed to activation_stash::save as a buffer of its pool.
+// - Every call into the host stash (layer scopes, saves, start_backward, releases) runs in
+//   the order of the device_stash calls, on one mover thread, so a save issued before
+//   start_backward() belongs to the forward pass whatever the copies' timing.
+// - The caller keeps a saved tensor's device memory unchanged until copied() is true (or
+//   wait_copied() returned). A prefetch destination stays reserved (it may be written)
+//   until the tensor's load() into it returned or the tensor is released; load(handle,
+//   dst, stream) writes dst ahead of the work enqueued on `stream` after the call. Misuse of a handle (empty, released) is
+//   std::invalid_argument naming the tensor; a failed copy or tier error is rethrown by
+//   wait_copied() and load() with the tensor named.
+// - Thread-safe, like the host stash. The host stash must outlive the device_stash; it may
+//   be used directly for host tensors at the same time.
+//
+// The life cycle of a device tensor:
+//  1. save(desc, ptr, stream): record event `produced` on the compute stream; queue the
+//     copy out; return the handle at once.
+//  2. Mover thread: make the side stream wait for `produced`, take a buffer from the host
+//     stash's pool, copy the device bytes into it through the pinned staging ring
+//     (copy_from_device: chunked, double-buffered), hand it to activation_stash::save; the
+//     tensor is now copied() and its device memory free for reuse.
+//  3. prefetch(handle, dst) ahead of backward queues the way back: activation_stash::load
+//     (a tier read if the tensor was offloaded), then copy_to_device into dst on the side
+//     stream, then event `arrived` recorded after it.
+//  4. load(handle, dst, stream): queue the prefetch if it was not (or went elsewhere), wait
+//     on the host until its copies are enqueued, make `stream` wait for `arrived`.
+//  5. release(handle): queued after the tensor's other work; activation_stash::release.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "spillway/cuda/cuda_error.hpp"
+#include "spillway/cuda/device_tier.hpp"
+#include "spillway/cuda/staged_copy.hpp"
+#include "spillway/stash/activation_stash.hpp"
+#include "spillway/stash/tensor_desc.hpp"
+
+namespace spillway::cuda {
+
+/// How a device_stash moves bytes.
+struct device_stash_options {
+    /// The CUDA device of the tensors and of the side stream.
+    int device = 0;
+    /// Bytes per staging chunk (a positive multiple of 4096).
+    std::size_t chunk_bytes = std::size_t{1} << 20;
+    /// Pinned staging buffers (>= 2): copies of one chunk overlap host copies of another.
+    std::size_t staging_slots = 2;
+};
+
+namespace detail {
+/// The shared state of one saved device tensor (between its handle and the mover thread).
+struct device_entry {
+    tensor_desc desc;
+    std::string label;
+    std::size_t nbytes = 0;
+    const void* source = nullptr;
+    cudaEvent_t produced = nullptr;  // recorded on the compute stream by save()
+    cudaEvent_t arrived = nullptr;   // recorded on the side stream after the copy in
+    stash_handle host;               // the host stash's handle, once copied
+    bool copied = false;             // step 2 finished (or failed: error)
+    std::exception_ptr error;        // why step 2 failed
+    void* prefetch_target = nullptr;  // where the last prefetch copies to
+    bool arrival_enqueued = false;    // its copies are on the side stream
+    std::exception_ptr load_error;    // why the last prefetch failed
+    bool released = false;
+    ~device_entry() {
+        if (produced) cudaEventDestroy(produced);  // deferred by CUDA until pending waits end
+        if (arrived) cudaEventDestroy(arrived);
+    }
+};
+}  // namespace detail
+
+/// A move-only reference to one device tensor saved in a device_stash.
+class device_handle {
+public:
+    /// An empty handle.
+    device_handle() = default;
+    /// True while the handle refers to a tensor it has not released.
+    [[nodiscard]] bool valid() const noexcept { return entry_ && !entry_->released; }
+    /// The tensor's bytes (0 for an empty handle).
+    [[nodiscard]] std::size_t nbytes() const noexcept { return entry_ ? entry_->nbytes : 0; }
+    /// How messages name the tensor ("" for an empty handle).
+    [[nodiscard]] std::string label() const { return entry_ ? entry_->label : std::string(); }
+
+private:
+    template <storage_tier>
+    friend class device_stash;
+    std::shared_ptr<detail::device_entry> entry_;
+};
+
+/// The activation stash for tensors in device memory; see the header comment.
+template <storage_tier Tier>
+class device_stash {
+public:
+    /// Puts the device stash over `host` (which must outlive it): creates the side stream
+    /// and the staging ring on options.device and starts the mover thread. Throws
+    /// std::invalid_argument for bad options, std::system_error (cuda_category()) when the
+    /// device, the stream or pinned memory cannot be had.
+    explicit device_stash(activation_stash<Tier>& host, device_stash_options options = {})
+        : host_(host), options_(options), ring_(make_ring(options)) {
+        spillway::cuda::detail::device_guard guard(options_.device);
+        check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+                   "device_stash: side stream on device " + std::to_string(options_.device));
+        mover_ = std::thread([this] { run_mover(); });
+    }
+    device_stash(const device_stash&) = delete;
+    device_stash& operator=(const device_stash&) = delete;
+    /// Finishes every queued job, stops the mover thread, destroys the side stream. Handles
+    /// still live keep their host-stash tensors until the host stash is reset or destroyed.
+    ~device_stash() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        cv_.notify_all();
+        mover_.join();
+        cudaStreamSynchronize(side_);
+        cudaStreamDestroy(side_);
+    }
+
+    /// Opens layer scope `layer` in the host stash (in order with the saves queued before).
+    void begin_layer(std::uint32_t layer) {
+        enqueue([this, layer] { host_.begin_layer(layer); });
+    }
+    /// Closes the innermost layer scope (in order with the saves queued before).
+    void end_layer() {
+        enqueue([this] { host_.end_layer(); });
+    }
+
+    /// Saves the device tensor at device_ptr (extent_bytes(desc) bytes) once the work queued
+    /// on `compute` so far has produced it; returns at once (see the life cycle, step 1).
+    /// The caller keeps the device bytes unchanged until copied(). Throws
+    /// std::invalid_argument for a malformed description, std::system_error
+    /// (cuda_category()) when the event cannot be recorded.
+    [[nodiscard]] device_handle save(const tensor_desc& desc, const void* device_ptr, cudaStream_t compute) {
+        auto e = std::make_shared<detail::device_entry>();
+        e->nbytes = extent_bytes(desc);
+        e->desc = desc;
+        e->label = describe(desc);
+        e->source = device_ptr;
+        check_cuda(cudaEventCreateWithFlags(&e->produced, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+                   "device_stash::save of " + e->label);
+        check_cuda(cudaEventCreateWithFlags(&e->arrived, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+                   "device_stash::save of " + e->label);
+        check_cuda(cudaEventRecord(e->produced, compute), "cudaEventRecord", "device_stash::save of " + e->label);
+        enqueue([this, e] { copy_out(*e); });
+        device_handle h;
+        h.entry_ = std::move(e);
+        return h;
+    }
+
+    /// True once the tensor's bytes have left device memory (or the copy failed: see
+    /// wait_copied()). Never blocks. Throws std::invalid_argument on a misused handle.
+    [[nodiscard]] bool copied(const device_handle& handle) const {
+        auto& e = entry_of(handle, "copied");
+        std::lock_guard lock(mutex_);
+        return e.copied;
+    }
+    /// Blocks until the tensor's bytes have left device memory; rethrows the copy's error
+    /// (naming the tensor). Throws std::invalid_argument on a misused handle.
+    void wait_copied(const device_handle& handle) {
+        auto& e = entry_of(handle, "wait_copied");
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return e.copied; });
+        if (e.error) std::rethrow_exception(e.error);
+    }
+
+    /// Marks the start of backward in the host stash, after every save queued so far.
+    void start_backward() {
+        enqueue([this] { host_.start_backward(); });
+    }
+
+    /// Starts bringing the tensor back into device memory at device_dst (extent_bytes
+    /// bytes, kept by the caller) ahead of load(); returns at once (life cycle, step 3).
+    /// Throws std::invalid_argument on a misused handle.
+    void prefetch(const device_handle& handle, void* device_dst) {
+        auto& e = entry_of(handle, "prefetch");
+        std::lock_guard lock(mutex_);
+        start_prefetch(handle.entry_, e, device_dst);
+    }
+
+    /// Makes `compute` wait for the tensor's bytes at device_dst: work enqueued on it
+    /// afterwards sees them (life cycle, step 4). Blocks the host only until the copies are
+    /// enqueued. Throws std::invalid_argument on a misused handle, and the error of the
+    /// copy out, the host stash's load or the copy in, naming the tensor (a later load()
+    /// retries).
+    void load(const device_handle& handle, void* device_dst, cudaStream_t compute) {
+        auto& e = entry_of(handle, "load");
+        std::unique_lock lock(mutex_);
+        if (e.prefetch_target != device_dst || e.load_error) start_prefetch(handle.entry_, e, device_dst);
+        cv_.wait(lock, [&] { return e.arrival_enqueued || e.load_error; });
+        if (e.load_error) std::rethrow_exception(e.load_error);
+        lock.unlock();
+        check_cuda(cudaStreamWaitEvent(compute, e.arrived, 0), "cudaStreamWaitEvent", "device_stash::load of " + e.label);
+    }
+
+    /// Drops the handle's reference, after the tensor's queued work (life cycle, step 5).
+    /// Throws std::invalid_argument on a misused handle.
+    void release(device_handle& handle) {
+        auto& e = entry_of(handle, "release");
+        {
+            std::lock_guard lock(mutex_);
+            e.released = true;
+        }
+        enqueue([this, entry = handle.entry_] {
+            if (entry->host.valid()) host_.release(entry->host);
+        });
+    }
+
+    /// Waits until every queued job has run, then flushes the host stash (every write and
+    /// erase done); throws the host stash's first unreported write failure.
+    void flush() {
+        {
+            std::unique_lock lock(mutex_);
+            cv_.wait(lock, [&] { return jobs_.empty() && !busy_; });
+        }
+        host_.flush();
+    }
+
+    /// The host stash (statistics, plan, host tensors).
+    [[nodiscard]] activation_stash<Tier>& host() noexcept { return host_; }
+    /// The side stream the copies run on.
+    [[nodiscard]] cudaStream_t side_stream() const noexcept { return side_; }
+
+private:
+    static staging_ring make_ring(const device_stash_options& o) {
+        spillway::cuda::detail::device_guard guard(o.device);
+        return staging_ring(o.chunk_bytes, o.staging_slots);
+    }
+
+    detail::device_entry& entry_of(const device_handle& h, const char* op) const {
+        if (!h.entry_)
+            throw std::invalid_argument(std::string("device_stash::") + op + ": empty or moved-from handle");
+        if (h.entry_->released)
+            throw std::invalid_argument(std::string("device_stash::") + op + ": handle of " + h.entry_->label +
+                                        " was already released");
+        return *h.entry_;
+    }
+
+    void enqueue(std::function<void()> job) {
+        {
+            std::lock_guard lock(mutex_);
+            jobs_.push_back(std::move(job));
+        }
+        cv_.notify_all();
+    }
+
+    // Called with mutex_ held.
+    void start_prefetch(const std::shared_ptr<detail::device_entry>& entry, detail::device_entry& e, void* dst) {
+        e.prefetch_target = dst;
+        e.arrival_enqueued = false;
+        e.load_error = nullptr;
+        jobs_.push_back([this, entry, dst] { copy_in(*entry, dst); });
+        cv_.notify_all();
+    }
+
+    void run_mover() {
+        cudaSetDevice(options_.device);  // the constructor proved the device usable
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+            if (jobs_.empty()) return;  // stopping, and everything ran
+            auto job = std::move(jobs_.front());
+            jobs_.pop_front();
+            busy_ = true;
+            lock.unlock();
+            job();  // every job catches its own errors
+            lock.lock();
+            busy_ = false;
+            cv_.notify_all();
+        }
+    }
+
+    // Life cycle, step 2.
+    void copy_out(detail::device_entry& e) {
+        std::exception_ptr error;
+        try {
+            const std::string what = "device_stash: copy out of " + e.label;
+            check_cuda(cudaStreamWaitEvent(side_, e.produced, 0), "cudaStreamWaitEvent", what);
+            aligned_buffer buffer = host_.allocate(e.nbytes);
+            try {
+                copy_from_device(buffer.bytes(), e.source, side_, ring_);
+            } catch (const std::system_error& err) {
+                throw std::system_error(err.code(), what + ": " + err.what());
+            }
+            stash_handle h = host_.save(e.desc, std::move(buffer));
+            std::lock_guard lock(mutex_);
+            e.host = std::move(h);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        std::lock_guard lock(mutex_);
+        e.copied = true;
+        e.error = error;
+    }
+
+    // Life cycle, step 3.
+    void copy_in(detail::device_entry& e, void* dst) {
+        std::exception_ptr error;
+        try {
+            {
+                std::lock_guard lock(mutex_);
+                if (e.prefetch_target != dst) return;  // superseded before it started
+                if (e.error) std::rethrow_exception(e.error);
+            }
+            auto bytes = host_.load(e.host);
+            copy_to_device(dst, bytes, side_, ring_);
+            check_cuda(cudaEventRecord(e.arrived, side_), "cudaEventRecord", "device_stash: copy in of " + e.label);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        std::lock_guard lock(mutex_);
+        if (e.prefetch_target != dst) return;  // a newer prefetch went elsewhere
+        e.arrival_enqueued = !error;
+        e.load_error = error;
+    }
+
+    activation_stash<Tier>& host_;
+    device_stash_options options_;
+    staging_ring ring_;  // used by the mover thread only
+    cudaStream_t side_ = nullptr;
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> jobs_;
+    bool busy_ = false;
+    bool stopping_ = false;
+    std::thread mover_;
+};
+
+}  // namespace spillway::cuda

@@ -1,0 +1,278 @@
+// GPU tests of the CUDA path (ctest label `gpu`; built with SPILLWAY_WITH_CUDA=ON):
+// registered I/O buffers, staged tier <-> device round trips of random sizes over a host and a
+// file tier, the pageable copies through the staging ring, the Thrust optimizer kernels on
+// the GPU against the CPU step, and the activation stash with device tensors (compute never
+// waits, exact round trips through a file tier, prefetch).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+
+#include <spillway/cuda/device_stash.hpp>
+#include <spillway/cuda/host_registration.hpp>
+#include <spillway/cuda/pinned_buffer.hpp>
+#include <spillway/cuda/staged_copy.hpp>
+#include <spillway/cuda/thrust_optim.hpp>
+#include <spillway/optim/adam.hpp>
+#include <spillway/tier/file_tier.hpp>
+#include <spillway/tier/host_tier.hpp>
+
+#include "cuda/gpu_skip.hpp"
+#include "support/random_bytes.hpp"
+#include "support/temp_dir.hpp"
+
+// Using-declarations, not `using namespace spillway`: nvcc's generated code names the
+// global ::cuda namespace, which spillway::cuda would make ambiguous.
+using spillway::activation_stash;
+using spillway::adamw_config;
+using spillway::adamw_step_args;
+using spillway::aligned_buffer;
+using spillway::bfloat16;
+using spillway::dtype;
+using spillway::file_tier;
+using spillway::float16;
+using spillway::from_float;
+using spillway::host_tier;
+using spillway::split_mode;
+using spillway::step_result;
+using spillway::tensor_desc;
+using spillway::to_float;
+namespace sc = spillway::cuda;
+namespace test = spillway::test;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// Device memory for a test (freed at scope exit).
+struct device_bytes {
+    explicit device_bytes(std::size_t n) : size(n) {
+        sc::check_cuda(cudaMalloc(&ptr, n == 0 ? 1 : n), "cudaMalloc", "test buffer");
+    }
+    ~device_bytes() { cudaFree(ptr); }
+    device_bytes(const device_bytes&) = delete;
+    device_bytes& operator=(const device_bytes&) = delete;
+    void* ptr = nullptr;
+    std::size_t size;
+};
+
+std::vector<std::byte> to_host(const device_bytes& d) {
+    std::vector<std::byte> out(d.size);
+    sc::check_cuda(cudaMemcpy(out.data(), d.ptr, d.size, cudaMemcpyDeviceToHost), "cudaMemcpy", "to_host");
+    return out;
+}
+
+/// Spins on the GPU for about `ms` milliseconds (makes "the host did not wait" observable).
+__global__ void spin_kernel(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+void spin(cudaStream_t stream, int ms) {
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    spin_kernel<<<1, 1, 0, stream>>>(static_cast<long long>(khz) * ms);
+}
+
+template <class Tier>
+void staged_round_trips(Tier& tier, std::size_t slots) {
+    CAPTURE(slots);
+    sc::staging_ring ring(MiB, slots);
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    std::mt19937_64 rng(slots);
+    std::vector<std::size_t> sizes = {0, 1, MiB - 1, MiB, MiB + 1, 3 * MiB};
+    for (int i = 0; i < 6; ++i) sizes.push_back(rng() % (20 * MiB));
+    for (std::size_t n : sizes) {
+        CAPTURE(n);
+        auto data = test::random_bytes(n, n + slots);
+        device_bytes src(n), dst(n);
+        cudaMemcpy(src.ptr, data.data(), n, cudaMemcpyHostToDevice);
+        sc::stage_from_device(tier, "blob", src.ptr, n, stream, ring);
+        CHECK(tier.contains(sc::chunk_key("blob", 0)) == (n > 0));
+        CHECK_FALSE(tier.contains(sc::chunk_key("blob", sc::chunk_count(n, MiB))));  // longer blobs' chunks erased
+        sc::stage_to_device(tier, "blob", dst.ptr, n, stream, ring);
+        cudaStreamSynchronize(stream);
+        CHECK(to_host(dst) == data);
+    }
+    // A size that does not match the staged blob is refused, naming the chunk, before
+    // anything is read: a missing chunk, a longer blob, a last chunk of another size.
+    device_bytes three(3 * MiB), dst(5 * MiB);
+    sc::stage_from_device(tier, "blob", three.ptr, 3 * MiB, stream, ring);
+    CHECK_THROWS_WITH_AS(sc::stage_to_device(tier, "blob", dst.ptr, 5 * MiB, stream, ring),
+                         doctest::Contains("no chunk 'blob.3'"), std::system_error);
+    CHECK_THROWS_WITH_AS(sc::stage_to_device(tier, "blob", dst.ptr, 2 * MiB, stream, ring),
+                         doctest::Contains("'blob.2' exists"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sc::stage_to_device(tier, "blob", dst.ptr, 3 * MiB - 1, stream, ring),
+                         doctest::Contains("chunk 'blob.2' has"), std::invalid_argument);
+    CHECK(sc::erase_staged(tier, "blob") == 3);
+    CHECK_FALSE(tier.contains("blob.0"));
+    cudaStreamDestroy(stream);
+}
+}  // namespace
+
+TEST_CASE("pinned_allocator and host_registration: pinned vectors, registered file-tier reads go straight to the GPU") {
+    std::vector<float, sc::pinned_allocator<float>> v(1000, 2.5f);
+    CHECK(v[999] == 2.5f);
+    cudaPointerAttributes attr{};
+    REQUIRE(cudaPointerGetAttributes(&attr, v.data()) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeHost);  // page-locked, not pageable
+
+    test::temp_dir dir("cuda-reg");
+    file_tier<> tier(dir.path());
+    const std::size_t n = 8 * MiB + 100;
+    auto data = test::random_bytes(n, 5);
+    tier.write("x", data).wait();
+    sc::registered_buffer landing(n);
+    REQUIRE(cudaPointerGetAttributes(&attr, landing.data()) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeHost);
+    tier.read("x", landing.bytes()).wait();  // O_DIRECT into registered memory: no bounce
+    device_bytes dev(n);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    REQUIRE(cudaMemcpyAsync(dev.ptr, landing.data(), n, cudaMemcpyHostToDevice, s) == cudaSuccess);
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    CHECK(to_host(dev) == data);
+
+    aligned_buffer twice(MiB);
+    auto first = sc::register_buffer(twice);
+    try {
+        auto second = sc::register_buffer(twice);
+        FAIL("a range was registered twice");
+    } catch (const std::system_error& e) {
+        CHECK(&e.code().category() == &sc::cuda_category());
+        CHECK(std::string(e.what()).find(std::to_string(MiB)) != std::string::npos);
+    }
+}
+
+TEST_CASE("staged transfers: random sizes round-trip exactly through a host tier and a file tier") {
+    host_tier host;
+    staged_round_trips(host, 2);
+    test::temp_dir dir("cuda-staged");
+    file_tier<> files(dir.path());
+    staged_round_trips(files, 2);
+    staged_round_trips(files, 3);
+}
+
+TEST_CASE("copy_to_device and copy_from_device: pageable memory through the ring, exact") {
+    sc::staging_ring ring(64 * 1024, 2);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{64 * 1024}, std::size_t{1000003}}) {
+        auto data = test::random_bytes(n, n);
+        device_bytes dev(n);
+        sc::copy_to_device(dev.ptr, data, s, ring);
+        std::vector<std::byte> back(n);
+        sc::copy_from_device(back, dev.ptr, s, ring);
+        CHECK(back == data);
+    }
+    cudaStreamDestroy(s);
+}
+
+TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical to the CPU, the norm within 1e-12") {
+    constexpr std::size_t n = (std::size_t{1} << 20) + 33;
+    std::mt19937 rng(21);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+    for (auto& x : p) x = d(rng);
+    thrust::device_vector<float> dp(p), dm(m), dv(v);
+    thrust::device_vector<bfloat16> dcopy(n);
+    std::vector<bfloat16> copy(n);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    auto pol = thrust::cuda::par.on(s);
+    adamw_config config{.lr = 1e-3f, .weight_decay = 0.01f};
+    for (std::int64_t step = 1; step <= 3; ++step) {
+        std::vector<float16> g(n);
+        for (auto& x : g) x = from_float<float16>(d(rng) * 64.0f);
+        thrust::device_vector<float16> dg(g);
+        adamw_step_args args{.step = step, .grad_scale = 64.0f};
+        REQUIRE(spillway::adamw_step<float16, bfloat16>(config, args, p, m, v, g, copy) == step_result::applied);
+        REQUIRE(sc::adamw_step(pol, config, args, std::span<float>(thrust::raw_pointer_cast(dp.data()), n),
+                               std::span<float>(thrust::raw_pointer_cast(dm.data()), n),
+                               std::span<float>(thrust::raw_pointer_cast(dv.data()), n),
+                               std::span<const float16>(thrust::raw_pointer_cast(dg.data()), n),
+                               std::span<bfloat16>(thrust::raw_pointer_cast(dcopy.data()), n)) == step_result::applied);
+        auto check = sc::check_gradients(pol, std::span<const float16>(thrust::raw_pointer_cast(dg.data()), n), 64.0f);
+        long double ref = 0;
+        for (auto x : g) ref += static_cast<long double>(to_float(x) / 64.0) * (to_float(x) / 64.0);
+        CHECK(std::fabs(static_cast<long double>(check.sum_squares) - ref) <= 1e-12L * ref);
+    }
+    cudaStreamSynchronize(s);
+    std::vector<float> gp(n), gm(n), gv(n);
+    thrust::copy(dp.begin(), dp.end(), gp.begin());
+    thrust::copy(dm.begin(), dm.end(), gm.begin());
+    thrust::copy(dv.begin(), dv.end(), gv.begin());
+    std::vector<bfloat16> gcopy(n);
+    thrust::copy(dcopy.begin(), dcopy.end(), gcopy.begin());
+    CHECK(std::memcmp(gp.data(), p.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(gm.data(), m.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(gv.data(), v.data(), n * sizeof(float)) == 0);
+    CHECK(gcopy == copy);
+
+    thrust::device_vector<float16> half(n);
+    sc::narrow(pol, std::span<const float>(thrust::raw_pointer_cast(dp.data()), n),
+               std::span<float16>(thrust::raw_pointer_cast(half.data()), n));
+    std::vector<float16> cpu_half(n), gpu_half(n);
+    spillway::narrow(p, std::span<float16>(cpu_half));
+    cudaStreamSynchronize(s);
+    thrust::copy(half.begin(), half.end(), gpu_half.begin());
+    CHECK(gpu_half == cpu_half);
+    cudaStreamDestroy(s);
+}
+
+TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through a file tier, prefetch") {
+    test::temp_dir dir("cuda-stash");
+    file_tier<> tier(dir.path());
+    activation_stash<file_tier<>> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<file_tier<>> stash(host, {.chunk_bytes = 256 * 1024});
+    cudaStream_t compute;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+
+    constexpr int layers = 4;
+    const std::size_t count = 300000;  // floats per activation
+    std::vector<std::vector<std::byte>> originals;
+    std::deque<device_bytes> acts;  // not movable: a deque builds them in place
+    std::vector<sc::device_handle> handles;
+    for (int l = 0; l < layers; ++l) {
+        acts.emplace_back(count * sizeof(float));
+        originals.push_back(test::random_bytes(count * sizeof(float), 100 + l));
+        cudaMemcpyAsync(acts[l].ptr, originals[l].data(), count * sizeof(float), cudaMemcpyHostToDevice, compute);
+        stash.begin_layer(static_cast<std::uint32_t>(l));
+        if (l == 0) spin(compute, 200);  // the activation is "still being computed"
+        tensor_desc desc;
+        desc.name = "act" + std::to_string(l);
+        desc.storage_id = static_cast<std::uint64_t>(l + 1);
+        desc.type = dtype::f32;
+        desc.shape = {static_cast<std::int64_t>(count)};
+        auto t0 = std::chrono::steady_clock::now();
+        handles.push_back(stash.save(desc, acts[l].ptr, compute));
+        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(ms < 50);  // returned while the GPU is still spinning
+        if (l == 0) CHECK_FALSE(stash.copied(handles[0]));
+        stash.end_layer();
+    }
+    for (auto& h : handles) stash.wait_copied(h);
+    for (auto& a : acts) cudaMemset(a.ptr, 0, a.size);  // the device copies are free again
+    cudaDeviceSynchronize();
+    stash.start_backward();
+    for (int l = layers - 1; l >= 0; --l) {
+        if (l > 0) stash.prefetch(handles[l - 1], acts[l - 1].ptr);  // one layer ahead
+        stash.load(handles[l], acts[l].ptr, compute);
+        cudaStreamSynchronize(compute);
+        CHECK(to_host(acts[l]) == originals[l]);
+        stash.release(handles[l]);
+        CHECK_FALSE(handles[l].valid());
+    }
+    stash.flush();
+    CHECK(host.stats().bytes_offloaded > 0);
+    CHECK_THROWS_AS(stash.load(handles[0], acts[0].ptr, compute), std::invalid_argument);
+    cudaStreamDestroy(compute);
+}
