@@ -76,9 +76,19 @@ struct shape {
     [[nodiscard]] std::size_t budget_bytes() const { return budget_buffers * 12 * subgroup_size; }
 };
 
+long env_long(const char* name, long fallback) {
+    const char* s = std::getenv(name);
+    return s && *s ? std::strtol(s, nullptr, 10) : fallback;
+}
+
+/// SPILLWAY_UPDATE_PHASE_SUBGROUP shrinks the subgroups (parameters each, default 2^23) for a
+/// run on a busy machine; the count of subgroups and buffers stays, so do the ratios.
+/// SPILLWAY_UPDATE_PHASE_CALLS sets the timed calls per row (default 3).
 shape the_shape() {
     if (bench::smoke()) return {16384, 12, 6, 1};
-    return {std::size_t{1} << 23, 44, 16, 3};  // 4.125 GiB of state, 1.5 GiB of buffers
+    const long subgroup = std::max(4096L, env_long("SPILLWAY_UPDATE_PHASE_SUBGROUP", 1L << 23));
+    const int calls = static_cast<int>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_CALLS", 3), 1L, 50L));
+    return {static_cast<std::size_t>(subgroup), 44, 16, calls};  // 4.125 GiB of state, 1.5 GiB of buffers
 }
 
 
@@ -170,19 +180,11 @@ struct sample {
 
 /// Threads of the Adam step (SPILLWAY_UPDATE_PHASE_THREADS, default 1): the update phase is
 /// I/O-bound, and on a small machine the I/O threads need a core while Adam runs.
-std::size_t compute_threads() {
-    const char* s = std::getenv("SPILLWAY_UPDATE_PHASE_THREADS");
-    long v = s && *s ? std::strtol(s, nullptr, 10) : 1;
-    return static_cast<std::size_t>(std::max(1L, v));
-}
+std::size_t compute_threads() { return static_cast<std::size_t>(std::max(1L, env_long("SPILLWAY_UPDATE_PHASE_THREADS", 1))); }
 
 /// Queue depth of the tiers' engines (SPILLWAY_UPDATE_PHASE_QD, default 32 pieces of 1 MiB):
 /// deep enough that scheduling delays of the I/O threads on a busy machine do not idle the disk.
-unsigned queue_depth() {
-    const char* s = std::getenv("SPILLWAY_UPDATE_PHASE_QD");
-    long v = s && *s ? std::strtol(s, nullptr, 10) : 32;
-    return static_cast<unsigned>(std::clamp(v, 1L, 256L));
-}
+unsigned queue_depth() { return static_cast<unsigned>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_QD", 32), 1L, 256L)); }
 
 struct paths {
     fs::path disk, shm, locks;
@@ -209,6 +211,10 @@ pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buff
     cfg.param_count = params;
     cfg.subgroup_size = sh.subgroup_size;
     cfg.host_buffers = std::max<std::size_t>(3, buffer_bytes / ((fp32 ? 16 : 12) * sh.subgroup_size));
+    // SPILLWAY_UPDATE_PHASE_PIECE_KIB (default 8192) and _WINDOW (pieces in flight per
+    // direction, default 4): the pipeline's I/O granularity, the same for every row.
+    cfg.piece_bytes = static_cast<std::size_t>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_PIECE_KIB", 8192), 4L, 1L << 20)) / 4 * 4096;
+    cfg.pieces_in_flight = static_cast<std::size_t>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_WINDOW", 4), 1L, 256L));
     return cfg;
 }
 
@@ -521,6 +527,10 @@ results& the_results() {
                     if (!r->error.empty()) continue;
                     try {
                         auto x = r->call();
+                        std::fprintf(stderr,
+                                     "[update_phase] round %d %-22s update %.3f s  read-wait %.3f  compute %.3f  "
+                                     "write-wait %.3f  hand-over %.3f\n",
+                                     round, r->name.c_str(), x.secs, x.read_wait, x.compute, x.write_wait, x.handover);
                         if (round > 0) r->samples.push_back(x);
                     } catch (const std::exception& e) {
                         r->error = e.what();

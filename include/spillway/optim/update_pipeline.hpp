@@ -2,8 +2,9 @@
 //
 // update_pipeline<Tier, Grad, ParamCopy> keeps the AdamW state of `param_count` parameters
 // (fp32 master params, fp32 m and v) on a storage tier, split into subgroups of
-// `subgroup_size` elements, one blob per subgroup (key "<prefix>-<i>": params | m | v, 12
-// bytes per element). The trainer keeps its gradients (Grad: float16, bfloat16 or float) and
+// `subgroup_size` elements, one blob per subgroup (params | m | v, 12 bytes per element)
+// stored as pieces of pipeline_config::piece_bytes under the keys "<prefix>-<i>",
+// "<prefix>-<i>.1", ... The trainer keeps its gradients (Grad: float16, bfloat16 or float) and
 // its compute copy of the params (ParamCopy: float16, bfloat16 or float) in host memory; one
 // update() call runs AdamW over every subgroup with a fixed budget of host buffers and
 // writes the updated compute copy into the trainer's buffer.
@@ -49,8 +50,8 @@
 //     run ahead as far as the budget allows).
 //  3. Take the buffer of the subgroup at p: a resident buffer is used as is (no read; counted
 //     as served from the resident set). Otherwise, if its read was never issued because no
-//     buffer was free, wait for the oldest write to finish (write-wait) and issue it; then
-//     wait for the read (read-wait).
+//     buffer was free, wait for writes to finish (write-wait) and issue it; then wait for
+//     the read (read-wait).
 //  4. Compute: if the buffer holds the subgroup at step t-1, run adamw_step for step t with
 //     the trainer's gradients of the subgroup (widened inside the step), writing the compute
 //     copy to the trainer's buffer; if it already holds step t (a retried call), only write
@@ -64,6 +65,14 @@
 //     counter. On an error anywhere: wait for everything in flight, keep each buffer whose
 //     newest state is not on the tier as resident, free the others, and throw the first
 //     error, naming its subgroup.
+//
+// I/O: every state read and write is a job of pieces in a scheduler (optim/detail/
+// pipeline_io.hpp) that keeps at most pipeline_config::pieces_in_flight pieces per
+// direction in the tier, reads and writes taking turns, so that an in-order tier (a file
+// tier's ring) always holds both and the device works at its mixed bandwidth. The pipeline
+// tops the windows up at every step above, between chunks of the Adam step (about one piece
+// each) and while it waits (on the earliest-issued piece). A write commits its step only
+// when every piece succeeded.
 //
 // The DeepSpeed-like baseline is the same engine with parts switched off (pipeline_options):
 // subgroup_order::ascending, resident_policy::none, gradient_path::fp32_on_tier (the trainer
@@ -89,6 +98,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <ranges>
 #include <utility>
@@ -106,6 +116,7 @@
 #include "spillway/io/completion.hpp"
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/detail/pipeline_checkpoint.hpp"
+#include "spillway/optim/detail/pipeline_io.hpp"
 #include "spillway/optim/half.hpp"
 #include "spillway/schedule/alternating_order.hpp"
 #include "spillway/tier/storage_tier.hpp"
@@ -140,6 +151,12 @@ struct pipeline_config {
     memory_lock lock = memory_lock::unlocked;  ///< mlock() the buffers
     adamw_config adam{};
     double max_grad_norm = 0;  ///< global-norm clipping threshold; 0 turns clipping off
+    /// Bytes of one piece (> 0, a multiple of 4096): a subgroup's blob is stored as
+    /// ceil(12 * elements / piece_bytes) tier keys and moved piece by piece.
+    std::size_t piece_bytes = std::size_t{8} << 20;
+    /// Pieces each direction may have in the tier at once (> 0): reads and writes take turns
+    /// within their own window, so the tier always holds some of both.
+    std::size_t pieces_in_flight = 4;
 };
 
 /// How the pipeline runs: the switches of the ablation, and hooks.
@@ -241,7 +258,8 @@ public:
     update_pipeline(const update_pipeline&) = delete;
     update_pipeline& operator=(const update_pipeline&) = delete;
     ~update_pipeline() {
-        for (auto& b : bufs_) drain(b);
+        if (io_) io_->drain();
+        for (auto& b : bufs_) drain_op(b.gop);
         erase_all();
     }
 
@@ -323,6 +341,7 @@ public:
             prefetch_of_[s] = static_cast<std::ptrdiff_t>(*b);
             ++started;
         }
+        io_->issue_all();  // nobody polls until the next update(): no window
         return started;
     }
 
@@ -436,8 +455,10 @@ public:
     [[nodiscard]] const update_stats& last_stats() const noexcept { return stats_; }
     [[nodiscard]] const pipeline_config& config() const noexcept { return cfg_; }
     [[nodiscard]] const pipeline_options& options() const noexcept { return opts_; }
-    /// The tier key of subgroup s's state.
+    /// The tier key of subgroup s's state (of its first piece; piece j > 0 is "<key>.<j>").
     [[nodiscard]] const std::string& key(std::size_t s) const { return keys_.at(s); }
+    /// Pieces (tier keys) of subgroup s's state.
+    [[nodiscard]] std::size_t piece_count(std::size_t s) const { return piece_keys_.at(s).size(); }
 
     /// Copies subgroup s's current fp32 params, m and v (from its buffer or the tier) into
     /// the spans (each subgroup_elements(s) long; empty spans are skipped). Uses a free buffer.
@@ -481,11 +502,9 @@ private:
         std::ptrdiff_t sg = -1;      // subgroup held
         std::int64_t version = 0;    // step of the state held
         bool dirty = false;          // newer than the tier's copy
-        use_state use = use_state::free;
-        io_completion op;            // state read or write in flight
+        use_state use = use_state::free;  // reading / writing: its job in io_ is active
         io_completion gop;           // fp32 gradient read in flight
         clock::time_point issued{};
-        bool traced_end = false;
     };
     struct handover_state {
         bool valid = false;
@@ -526,20 +545,30 @@ private:
         validate(cfg_.adam);
         validate_key(opts_.key_prefix, "update_pipeline key_prefix");
         expect_argument(opts_.key_prefix.size() <= 200, "update_pipeline: key_prefix is longer than 200 bytes");
+        expect_argument(cfg_.piece_bytes > 0 && cfg_.piece_bytes % 4096 == 0,
+                        "update_pipeline: piece_bytes is " + std::to_string(cfg_.piece_bytes) +
+                            "; it must be a positive multiple of 4096");
+        expect_argument(cfg_.pieces_in_flight > 0, "update_pipeline: pieces_in_flight must be > 0");
         n_ = (cfg_.param_count + cfg_.subgroup_size - 1) / cfg_.subgroup_size;
         keys_.reserve(n_);
+        piece_keys_.resize(n_);
         for (std::size_t s = 0; s < n_; ++s) {
             keys_.push_back(opts_.key_prefix + "-" + std::to_string(s));
+            const std::size_t pieces = (blob_bytes(s) + cfg_.piece_bytes - 1) / cfg_.piece_bytes;
+            for (std::size_t j = 0; j < pieces; ++j)
+                piece_keys_[s].push_back(j == 0 ? keys_[s] : keys_[s] + "." + std::to_string(j));
             if (opts_.gradients == gradient_path::fp32_on_tier) grad_keys_.push_back(keys_.back() + ".grad");
         }
-        for (std::size_t s = 0; s < n_; ++s)
-            expect_argument(!tier_.contains(keys_[s]), "update_pipeline: the tier '" + std::string(tier_.name()) +
-                                                           "' already holds key " + spillway::quoted(keys_[s]) +
-                                                           " (another pipeline with the same key_prefix?)");
+        for (const auto& pieces : piece_keys_)
+            for (const auto& k : pieces)
+                expect_argument(!tier_.contains(k), "update_pipeline: the tier '" + std::string(tier_.name()) +
+                                                        "' already holds key " + spillway::quoted(k) +
+                                                        " (another pipeline with the same key_prefix?)");
         std::size_t nbytes = 3 * sizeof(float) * cfg_.subgroup_size;
         if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
         bufs_.resize(cfg_.host_buffers);
         for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock);
+        io_ = std::make_unique<detail::piece_io<Tier>>(tier_, bufs_.size(), cfg_.pieces_in_flight);
         tier_version_.assign(n_, 0);
         resident_of_.assign(n_, -1);
         prefetch_of_.assign(n_, -1);
@@ -685,7 +714,7 @@ private:
         try {
             for (std::size_t p = 0; p < n_; ++p) {
                 const std::size_t s = order[p];
-                poll_writes();
+                poll_io();
                 rethrow_pending();
                 // Step 2: reads ahead.
                 next = std::max(next, p);
@@ -768,20 +797,29 @@ private:
             step_result r;
             std::span<ParamCopy> adam_out = out;
             if constexpr (std::is_same_v<ParamCopy, float>) adam_out = {};
-            if (opts_.gradients == gradient_path::fp32_on_tier) {
-                std::span<const float> g = f.subspan(3 * c, c);
-                if constexpr (std::is_same_v<ParamCopy, float>)
-                    r = adamw_step<float>(cfg_.adam, args, p, m, v, g, std::span<float16>{}, opts_.pool);
-                else
-                    r = adamw_step<float, ParamCopy>(cfg_.adam, args, p, m, v, g, adam_out, opts_.pool);
-            } else {
-                std::span<const Grad> g = grads.subspan(off, c);
-                if constexpr (std::is_same_v<ParamCopy, float>)
-                    r = adamw_step<Grad>(cfg_.adam, args, p, m, v, g, std::span<float16>{}, opts_.pool);
-                else
-                    r = adamw_step<Grad, ParamCopy>(cfg_.adam, args, p, m, v, g, adam_out, opts_.pool);
+            // In chunks of about one piece, polling the I/O in between so that the windows
+            // stay full while Adam runs (AdamW is elementwise: chunks give the same bits).
+            const std::size_t chunk = std::max<std::size_t>(4096, cfg_.piece_bytes / (3 * sizeof(float)));
+            for (std::size_t lo = 0; lo < c; lo += chunk) {
+                const std::size_t k = std::min(chunk, c - lo);
+                auto pc = p.subspan(lo, k), mc = m.subspan(lo, k), vc = v.subspan(lo, k);
+                auto oc = adam_out.empty() ? adam_out : adam_out.subspan(lo, k);
+                if (opts_.gradients == gradient_path::fp32_on_tier) {
+                    std::span<const float> g = f.subspan(3 * c + lo, k);
+                    if constexpr (std::is_same_v<ParamCopy, float>)
+                        r = adamw_step<float>(cfg_.adam, args, pc, mc, vc, g, std::span<float16>{}, opts_.pool);
+                    else
+                        r = adamw_step<float, ParamCopy>(cfg_.adam, args, pc, mc, vc, g, oc, opts_.pool);
+                } else {
+                    std::span<const Grad> g = grads.subspan(off + lo, k);
+                    if constexpr (std::is_same_v<ParamCopy, float>)
+                        r = adamw_step<Grad>(cfg_.adam, args, pc, mc, vc, g, std::span<float16>{}, opts_.pool);
+                    else
+                        r = adamw_step<Grad, ParamCopy>(cfg_.adam, args, pc, mc, vc, g, oc, opts_.pool);
+                }
+                (void)r;  // caller_verified: always applied
+                poll_io();
             }
-            (void)r;  // caller_verified: always applied
             buf.version = target;
             buf.dirty = true;
             if constexpr (std::is_same_v<ParamCopy, float>)
@@ -818,33 +856,40 @@ private:
     }
 
     // ---- Buffers and I/O ------------------------------------------------------------
+    // Reads and writes of state blobs go through io_ (piece by piece, within the windows);
+    // a buffer is `reading` or `writing` while its job there is active. Every call into io_
+    // may finish writes; settle_writes() then commits them (step 6).
+
+    // Completes the pieces that finished, tops the windows up and commits finished writes.
+    void poll_io() {
+        io_->poll();
+        settle_writes();
+    }
+
+    void settle_writes() {
+        for (std::size_t b = 0; b < bufs_.size(); ++b)
+            if (bufs_[b].use == use_state::writing && io_->finished(b)) finish_write(b);
+    }
 
     std::optional<std::size_t> find_free() {
+        poll_io();
         for (std::size_t b = 0; b < bufs_.size(); ++b)
             if (bufs_[b].use == use_state::free) return b;
-        for (std::size_t b = 0; b < bufs_.size(); ++b)
-            if (bufs_[b].use == use_state::writing && bufs_[b].op.ready()) {
-                finish_write(b);
-                if (bufs_[b].use == use_state::free) return b;
-            }
         return std::nullopt;
     }
 
-    // A free buffer, waiting for the oldest write when none is (the wait is added to *wait).
+    // A free buffer, waiting for the oldest piece in flight while none is (the wait is added
+    // to *wait).
     std::size_t take_free_buffer(double* wait) {
         for (;;) {
             if (auto b = find_free()) return *b;
-            std::ptrdiff_t oldest = -1;
-            for (std::size_t b = 0; b < bufs_.size(); ++b)
-                if (bufs_[b].use == use_state::writing &&
-                    (oldest < 0 || bufs_[b].issued < bufs_[static_cast<std::size_t>(oldest)].issued))
-                    oldest = static_cast<std::ptrdiff_t>(b);
-            if (oldest < 0) {
+            if (std::none_of(bufs_.begin(), bufs_.end(), [](const buffer& x) { return x.use == use_state::writing; })) {
                 rethrow_pending();
                 throw std::logic_error("update_pipeline: no host buffer is free or being written");
             }
             auto t0 = clock::now();
-            finish_write(static_cast<std::size_t>(oldest));
+            io_->wait_oldest();
+            settle_writes();
             if (wait) *wait += seconds_since(t0);
             rethrow_pending();
         }
@@ -876,8 +921,7 @@ private:
         buf.dirty = false;
         buf.use = use_state::reading;
         buf.issued = clock::now();
-        buf.traced_end = false;
-        buf.op = tier_.read(keys_[s], buf.mem.bytes().first(blob_bytes(s)));
+        io_->start(b, io_direction::read, piece_keys_[s], buf.mem.bytes().first(blob_bytes(s)), cfg_.piece_bytes);
         if (with_grads && opts_.gradients == gradient_path::fp32_on_tier) issue_grad_read(b, s);
     }
 
@@ -892,16 +936,15 @@ private:
         auto& buf = bufs_[b];
         auto s = static_cast<std::size_t>(buf.sg);
         auto t0 = clock::now();
-        try {
-            buf.op.wait();
-        } catch (...) {
-            stats_.read_wait_seconds += seconds_since(t0);
+        while (!io_->finished(b)) io_->wait_oldest();
+        stats_.read_wait_seconds += seconds_since(t0);
+        settle_writes();
+        if (auto error = io_->take(b)) {
             buf.use = use_state::free;  // the tier still holds the subgroup
             buf.sg = -1;
-            rethrow_named(std::current_exception(), s, "reading");
+            rethrow_named(error, s, "reading");
         }
-        stats_.read_wait_seconds += seconds_since(t0);
-        if (!buf.traced_end) trace_io(tr_reads_, "read ", s, buf.issued, blob_bytes(s));
+        trace_io(tr_reads_, "read ", s, buf.issued, blob_bytes(s));
         buf.use = use_state::ready;
         ++stats_.subgroups_read;
         stats_.bytes_read += blob_bytes(s);
@@ -928,22 +971,19 @@ private:
         auto s = static_cast<std::size_t>(buf.sg);
         buf.use = use_state::writing;
         buf.issued = clock::now();
-        buf.traced_end = false;
-        buf.op = tier_.write(keys_[s], buf.mem.bytes().first(blob_bytes(s)));
+        io_->start(b, io_direction::write, piece_keys_[s], buf.mem.bytes().first(blob_bytes(s)), cfg_.piece_bytes);
     }
 
-    // Completes a writing buffer: success commits the step to the tier and frees the buffer;
+    // Completes a finished write: success commits the step to the tier and frees the buffer;
     // failure keeps the buffer (its state is the newest) as resident and records the error.
     void finish_write(std::size_t b) {
         auto& buf = bufs_[b];
         auto s = static_cast<std::size_t>(buf.sg);
-        try {
-            buf.op.wait();
-        } catch (...) {
+        if (auto error = io_->take(b)) {
             buf.use = use_state::resident;
             resident_of_[s] = static_cast<std::ptrdiff_t>(b);
             if (!pending_.error) {
-                pending_.error = std::current_exception();
+                pending_.error = error;
                 pending_.subgroup = s;
                 pending_.what = "writing";
             }
@@ -956,25 +996,41 @@ private:
         release(b);
     }
 
-    // Completes the writes that finished; marks the end of finished reads on the timeline.
-    void poll_writes() {
-        const bool tracing = opts_.recorder && opts_.recorder->enabled();
-        for (std::size_t b = 0; b < bufs_.size(); ++b) {
-            auto& buf = bufs_[b];
-            if (buf.use == use_state::writing && buf.op.ready()) finish_write(b);
-            else if (tracing && buf.use == use_state::reading && !buf.traced_end && buf.op.ready()) {
-                trace_io(tr_reads_, "read ", static_cast<std::size_t>(buf.sg), buf.issued,
-                         blob_bytes(static_cast<std::size_t>(buf.sg)));
-                buf.traced_end = true;
-            }
-        }
-    }
-
     void wait_all_writes(double* wait) {
         auto t0 = clock::now();
-        for (std::size_t b = 0; b < bufs_.size(); ++b)
-            if (bufs_[b].use == use_state::writing) finish_write(b);
+        for (;;) {
+            settle_writes();
+            if (std::none_of(bufs_.begin(), bufs_.end(), [](const buffer& x) { return x.use == use_state::writing; }))
+                break;
+            io_->wait_oldest();
+        }
         if (wait) *wait += seconds_since(t0);
+    }
+
+    // Moves subgroup s's whole blob at once, outside the windows (make_room, flush, save,
+    // read_state: between calls), and throws the first error, naming the subgroup.
+    void transfer_now(io_direction dir, std::size_t s, std::span<std::byte> bytes) {
+        std::vector<io_completion> ops;
+        std::exception_ptr error;
+        for (std::size_t j = 0; j < piece_keys_[s].size(); ++j) {
+            const std::size_t begin = j * cfg_.piece_bytes;
+            auto piece = bytes.subspan(begin, std::min(cfg_.piece_bytes, bytes.size() - begin));
+            try {
+                if (dir == io_direction::read) ops.push_back(tier_.read(piece_keys_[s][j], piece));
+                else ops.push_back(tier_.write(piece_keys_[s][j], std::span<const std::byte>(piece)));
+            } catch (...) {
+                error = std::current_exception();
+                break;
+            }
+        }
+        for (auto& op : ops) {
+            try {
+                op.wait();
+            } catch (...) {
+                if (!error) error = std::current_exception();
+            }
+        }
+        if (error) rethrow_named(error, s, dir == io_direction::read ? "reading" : "writing");
     }
 
     // Synchronous write of a resident buffer (make_room, flush, scratch): throws on failure,
@@ -982,22 +1038,12 @@ private:
     void write_now(std::size_t b) {
         auto& buf = bufs_[b];
         auto s = static_cast<std::size_t>(buf.sg);
-        try {
-            tier_.write(keys_[s], buf.mem.bytes().first(blob_bytes(s))).wait();
-        } catch (...) {
-            rethrow_named(std::current_exception(), s, "writing");
-        }
+        transfer_now(io_direction::write, s, buf.mem.bytes().first(blob_bytes(s)));
         tier_version_[s] = buf.version;
         buf.dirty = false;
     }
 
-    void read_now(std::size_t s, std::span<std::byte> out) {
-        try {
-            tier_.read(keys_[s], out).wait();
-        } catch (...) {
-            rethrow_named(std::current_exception(), s, "reading");
-        }
-    }
+    void read_now(std::size_t s, std::span<std::byte> out) { transfer_now(io_direction::read, s, out); }
 
     // Takes back the buffers of begin_prefetch(): waits for their reads and frees them.
     // Returns whether there were any.
@@ -1005,9 +1051,10 @@ private:
         bool any = false;
         for (auto& b : prefetch_of_) {
             if (b < 0) continue;
-            auto& buf = bufs_[static_cast<std::size_t>(b)];
-            drain(buf);
-            release(static_cast<std::size_t>(b));
+            const auto pb = static_cast<std::size_t>(b);
+            io_->drain();
+            (void)io_->take(pb);  // the tier still holds the subgroup
+            release(pb);
             b = -1;
             any = true;
         }
@@ -1021,26 +1068,14 @@ private:
         buf.dirty = false;
     }
 
-    // Waits for whatever a buffer has in flight, ignoring errors (destructor, recovery).
-    void drain(buffer& buf) noexcept {
-        try {
-            if (buf.op.valid()) buf.op.wait();
-        } catch (...) {
-        }
-        try {
-            if (buf.gop.valid()) buf.gop.wait();
-        } catch (...) {
-        }
-    }
-
     // Step 7's error path: settle every buffer so that no newest state is dropped.
     void recover() noexcept {
+        io_->drain();  // every piece issued and completed: each job is finished
         for (std::size_t b = 0; b < bufs_.size(); ++b) {
             auto& buf = bufs_[b];
-            if (buf.use == use_state::writing) {
-                finish_write(b);  // success frees, failure keeps it resident
-            }
-            drain(buf);
+            if (buf.use == use_state::writing) finish_write(b);  // success frees, failure keeps it resident
+            else if (io_->active(b)) (void)io_->take(b);         // a read: the tier still holds it
+            drain_op(buf.gop);
             if (buf.use == use_state::resident) continue;
             if (buf.use == use_state::free) continue;
             // reading or ready (or a resident taken for compute): keep it only if newer.
@@ -1139,18 +1174,15 @@ private:
     }
 
     void erase_all() noexcept {
-        for (std::size_t s = 0; s < keys_.size(); ++s) {
-            try {
-                tier_.erase(keys_[s]);
-            } catch (...) {
-            }
-        }
-        for (auto& k : grad_keys_) {
+        auto erase = [&](const std::string& k) {
             try {
                 tier_.erase(k);
             } catch (...) {
             }
-        }
+        };
+        for (const auto& pieces : piece_keys_)
+            for (const auto& k : pieces) erase(k);
+        for (const auto& k : grad_keys_) erase(k);
     }
 
     void trace_io(trace::track_id track, const char* what, std::size_t s, clock::time_point begin, std::size_t nbytes) {
@@ -1192,9 +1224,11 @@ private:
     pipeline_config cfg_;
     pipeline_options opts_;
     std::size_t n_ = 0;
-    std::vector<std::string> keys_;
+    std::vector<std::string> keys_;                      // first piece of each subgroup
+    std::vector<std::vector<std::string>> piece_keys_;   // every piece of each subgroup
     std::vector<std::string> grad_keys_;
     std::vector<buffer> bufs_;
+    std::unique_ptr<detail::piece_io<Tier>> io_;         // after bufs_: destroyed (drained) first
     std::vector<std::int64_t> tier_version_;    // step held on the tier, per subgroup
     std::vector<std::ptrdiff_t> resident_of_;   // buffer holding the subgroup between calls, or -1
     std::vector<std::ptrdiff_t> prefetch_of_;   // buffer begin_prefetch() reads the subgroup into, or -1
