@@ -4,18 +4,21 @@
 //
 // File tier rows: one blob of S bytes is written (or read) per operation; the tier's engine
 // splits it into `bs` pieces with up to `qd` in flight, with O_DIRECT. The limit is fio on
-// the same file system with the same pattern: bs, iodepth=qd, direct=1, ioengine=io_uring,
-// size=S, sequential (JSON output, bw_bytes); `vs_limit` = our bytes/s / fio's bytes/s, both
-// measured in the same call. fio runs on the tier's own blob file (same file system, same
-// blocks), before our loop on every other call and after it on the others. Each tier row
-// warms up with two writes so that its timed writes recycle a spare file
-// (file_tier_options::spare_files): the steady state of a tier whose blobs are rewritten,
-// and, like fio's, overwrites of written blocks. Host tier rows: blobs of `bs` bytes; the limit is a
-// memcpy of the same size between resident buffers.
+// the tier's own blob file (same file system, same blocks) with the same pattern: bs, size=S,
+// direct=1, sequential, no fsync on either side; io_uring rows run fio's io_uring engine at
+// iodepth=qd, POSIX rows fio's psync engine with one job per worker thread of the tier's
+// POSIX engine (see fio_job). fio and the tier alternate within the row (F T T F F T ...),
+// each repetition moving the same bytes, and the row reports both medians
+// (`bytes_per_second`, `fio_bytes_per_second`) and `vs_limit` = their ratio, with the
+// per-round ratios' smallest and largest as `vs_limit_lo` / `vs_limit_hi`. Timed writes
+// are steady-state rewrites: the tier recycles its replaced files
+// (file_tier_options::spare_files), so it overwrites written blocks, as fio does. Host tier
+// rows: blobs of `bs` bytes; the limit is a memcpy of the same size between resident
+// buffers.
 //
 // Flags (besides Google Benchmark's): --full sweeps bs 128 KiB..64 MiB (powers of two) and
-// qd 1..64 (powers of two); the default is a subset. SPILLWAY_BENCH_SMOKE=1: tiny sizes.
-// Run with --benchmark_repetitions=5 --benchmark_report_aggregates_only=true for medians.
+// qd 1..64 (powers of two); the default is a subset. --rounds=N: fio/tier rounds per file
+// row (default 6). SPILLWAY_BENCH_SMOKE=1: tiny sizes, one round.
 #include <benchmark/benchmark.h>
 
 #include <spillway/io/aligned_buffer.hpp>
@@ -55,17 +58,45 @@ const char* kind_name(tier_kind k) {
     return "?";
 }
 
-/// fio's bandwidth (bytes/s) for the same pattern, or a negative value when fio failed.
-/// fio reads or overwrites `file` itself (the tier's own blob: same file system, same
-/// blocks), with the tier's pattern.
-double fio_limit(direction dir, const fs::path& file, std::size_t bs, unsigned qd, std::size_t size,
-                 unsigned loops) {
-    auto r = bench::run_fio("--name=limit --filename=" + file.string() + " --rw=" +
-                            (dir == direction::read ? "read" : "write") + " --bs=" + std::to_string(bs) +
-                            " --iodepth=" + std::to_string(qd) + " --direct=1 --ioengine=io_uring --size=" +
-                            std::to_string(size) + " --loops=" + std::to_string(loops));
+/// The fio job that is the limit of a file tier row: the tier's pattern (sequential, `bs`
+/// pieces, O_DIRECT, `size` bytes per pass, `passes` passes) on `file`, driven the way the
+/// tier's engine drives the disk:
+/// - io_uring rows: one job, --ioengine=io_uring --iodepth=qd (one ring, qd in flight);
+/// - POSIX rows: --ioengine=psync with as many jobs as the engine has worker threads
+///   (io_engine_config::posix_threads(), at most one per piece of the blob), each job
+///   reading or writing its own contiguous share of the file (--offset_increment), and
+///   --group_reporting so that the bandwidth is the jobs' sum.
+/// Neither side fsyncs (the tier does not) and both overwrite written blocks of a file of
+/// the same size (the tier recycles its replaced files, fio overwrites the tier's file).
+/// Both use O_DIRECT throughout, so the page cache holds none of the file on either side
+/// (fio's default --invalidate=1 finds nothing to drop).
+std::string fio_job(tier_kind kind, direction dir, const fs::path& file, std::size_t bs, unsigned qd,
+                    std::size_t size, unsigned passes) {
+    std::string args = "--name=limit --filename=" + file.string() + " --rw=" +
+                       (dir == direction::read ? "read" : "write") + " --bs=" + std::to_string(bs) +
+                       " --direct=1 --loops=" + std::to_string(passes);
+    if (kind == tier_kind::uring)
+        return args + " --ioengine=io_uring --iodepth=" + std::to_string(qd) + " --size=" + std::to_string(size);
+    io_engine_config engine;
+    engine.queue_depth = qd;
+    const std::size_t pieces = size / bs;
+    const std::size_t jobs = std::clamp<std::size_t>(pieces, 1, engine.posix_threads());
+    const std::size_t share = pieces / jobs * bs;
+    return args + " --ioengine=psync --numjobs=" + std::to_string(jobs) + " --size=" + std::to_string(share) +
+           " --offset_increment=" + std::to_string(share) + " --group_reporting";
+}
+
+/// fio's bandwidth (bytes/s) for `job`, or a negative value when fio failed.
+double fio_bandwidth(direction dir, const std::string& job) {
+    auto r = bench::run_fio(job);
     if (!r.ok()) return -1;
     return dir == direction::read ? r.read_bytes_per_second : r.write_bytes_per_second;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 void fill_random(std::span<std::byte> bytes) {
@@ -83,9 +114,37 @@ std::size_t file_blob_size(std::size_t bs, unsigned qd) {
     return (s + bs - 1) / bs * bs;
 }
 
+/// Blobs moved per repetition of a file tier row (each side): about 64 x bs x qd bytes,
+/// within 128 MiB..1 GiB, so that a repetition lasts long enough (tenths of a second and
+/// more) for start-up and drain to be a small part of it.
+unsigned file_blobs_per_rep(std::size_t bs, unsigned qd) {
+    if (bench::smoke()) return 1;
+    const std::size_t volume = std::clamp<std::size_t>(bs * qd * 64, 128 * MiB, 1024 * MiB);
+    return static_cast<unsigned>(std::max<std::size_t>(1, volume / file_blob_size(bs, qd)));
+}
+
+/// Rounds of a file tier row (--rounds=N); each round is one repetition of fio and one of
+/// the tier.
+unsigned& file_rounds() {
+    static unsigned rounds = 6;
+    return rounds;
+}
+
+/// One file tier row. The limit and the tier are measured in the same call, interleaved:
+///  1. warm up: the first write creates the blob's file, the second replaces it and leaves
+///     a spare, so timed writes are steady-state rewrites (as in an optimizer's flush) that,
+///     like fio's, overwrite written blocks; reads find the blob;
+///  2. each round (one benchmark iteration) runs one fio repetition (timer paused) and one
+///     tier repetition, each moving `blobs` x the blob size, in the order fio-tier on even
+///     rounds and tier-fio on odd ones (F T T F F T ...), so that drift in a busy machine's
+///     load and the after-effects of either side fall on both alike;
+///  3. the row reports the medians of both sides and vs_limit = our median / fio's median,
+///     with the smallest and largest per-round ratio (ours / fio of the same round) as the
+///     spread.
 template <class Engine>
-void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned qd) {
+void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_t bs, unsigned qd) {
     const std::size_t size = file_blob_size(bs, qd);
+    const unsigned blobs = file_blobs_per_rep(bs, qd);
     auto dir_path = bench::scratch_dir() / "tiers";
     fs::create_directories(dir_path);
     file_tier_options opt;
@@ -101,38 +160,47 @@ void file_row(benchmark::State& state, direction dir, std::size_t bs, unsigned q
     aligned_buffer buf(size, memory_lock::unlocked, 4096, buffer_fill::uninitialized);
     fill_random(buf.bytes());
     const std::string key = "blob";
-    // Warm-up: the first write creates the file, the second replaces it and leaves a spare,
-    // so timed writes are steady-state rewrites (as in an optimizer's flush) and reads find
-    // the blob.
     tier->write(key, buf.bytes()).wait();
     if (dir == direction::write) tier->write(key, buf.bytes()).wait();
 
-    // The limit: fio on the tier's own file with the same pattern, measured in the same call,
-    // before ours on every other call and after it on the others (so that drift in a busy
-    // machine's load does not favour one side).
-    static unsigned calls = 0;
-    const bool fio_first = (++calls % 2) == 0;
-    const auto file = tier->path_of(key);
-    const auto loops = static_cast<unsigned>(state.max_iterations);
-    double fio = fio_first ? fio_limit(dir, file, bs, qd, size, loops) : 0;
-
-    auto t0 = std::chrono::steady_clock::now();
+    const std::string job = fio_job(kind, dir, tier->path_of(key), bs, qd, size, blobs);
+    std::vector<double> ours, theirs;
+    bool fio_failed = false;
+    auto run_fio = [&] {
+        state.PauseTiming();
+        const double bw = fio_bandwidth(dir, job);
+        if (bw > 0) theirs.push_back(bw);
+        else fio_failed = true;
+        state.ResumeTiming();
+    };
     for (auto _ : state) {
-        if (dir == direction::read) tier->read(key, buf.bytes()).wait();
-        else tier->write(key, buf.bytes()).wait();
+        const bool fio_first = ours.size() % 2 == 0;
+        if (fio_first) run_fio();
+        auto t0 = std::chrono::steady_clock::now();
+        for (unsigned b = 0; b < blobs; ++b) {
+            if (dir == direction::read) tier->read(key, buf.bytes()).wait();
+            else tier->write(key, buf.bytes()).wait();
+        }
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ours.push_back(static_cast<double>(size) * blobs / secs);
+        if (!fio_first) run_fio();
     }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double bytes = static_cast<double>(size) * static_cast<double>(state.iterations());
-    state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
     std::string label = tier->direct_io() ? "O_DIRECT" : "buffered (" + tier->direct_io_note() + ")";
-    if (!fio_first) fio = fio_limit(dir, file, bs, qd, size, loops);
     tier->erase(key);
     tier.reset();
 
+    // bytes_per_second is our median (not Google Benchmark's mean over the row), so that
+    // bytes_per_second / fio_bytes_per_second is vs_limit.
+    state.counters["bytes_per_second"] = median(ours);
     state.counters["blob_MiB"] = static_cast<double>(size) / MiB;
-    if (fio > 0) {
-        state.counters["fio_bytes_per_second"] = fio;
-        state.counters["vs_limit"] = bytes / secs / fio;
+    state.counters["rep_MiB"] = static_cast<double>(size * blobs) / MiB;
+    if (!fio_failed && theirs.size() == ours.size()) {
+        std::vector<double> ratios;
+        for (std::size_t i = 0; i < ours.size(); ++i) ratios.push_back(ours[i] / theirs[i]);
+        state.counters["fio_bytes_per_second"] = median(theirs);
+        state.counters["vs_limit"] = median(ours) / median(theirs);
+        state.counters["vs_limit_lo"] = *std::min_element(ratios.begin(), ratios.end());
+        state.counters["vs_limit_hi"] = *std::max_element(ratios.begin(), ratios.end());
     } else {
         label += bench::fio_available() ? "; fio failed: no vs_limit" : "; fio not installed: no vs_limit";
     }
@@ -201,15 +269,14 @@ void register_rows(bool full) {
         for (tier_kind kind : kinds)
             for (std::size_t bs : sizes)
                 for (unsigned qd : depths) {
-                    const auto size = static_cast<std::int64_t>(file_blob_size(bs, qd));
                     auto* b = benchmark::RegisterBenchmark(
                         row_name(dir, kind, bs, qd).c_str(), [=](benchmark::State& st) {
 #if SPILLWAY_HAS_LIBURING
-                            if (kind == tier_kind::uring) return file_row<uring_engine>(st, dir, bs, qd);
+                            if (kind == tier_kind::uring) return file_row<uring_engine>(st, kind, dir, bs, qd);
 #endif
-                            file_row<posix_engine>(st, dir, bs, qd);
+                            file_row<posix_engine>(st, kind, dir, bs, qd);
                         });
-                    b->Iterations(std::max<std::int64_t>(1, total / size))->UseRealTime()->Unit(benchmark::kMillisecond);
+                    b->Iterations(bench::smoke() ? 1 : file_rounds())->UseRealTime()->Unit(benchmark::kMillisecond);
                 }
         for (std::size_t bs : sizes) {
             auto* b = benchmark::RegisterBenchmark(row_name(dir, tier_kind::host, bs, 1).c_str(),
@@ -228,6 +295,7 @@ int main(int argc, char** argv) {
     int kept = 1;
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--full") == 0) full = true;
+        else if (std::strncmp(argv[i], "--rounds=", 9) == 0) file_rounds() = static_cast<unsigned>(std::max(1, std::atoi(argv[i] + 9)));
         else argv[kept++] = argv[i];
     }
     argc = kept;
@@ -236,8 +304,10 @@ int main(int argc, char** argv) {
     if (!bench::fio_available())
         std::printf("fio is not installed: file tier rows report no vs_limit (apt-get install fio)\n");
     else
-        std::printf("limit: fio (ioengine=io_uring, direct=1, same bs/iodepth/size) on the tier's own file in %s\n",
-                    (bench::scratch_dir() / "tiers").c_str());
+        std::printf("limit: fio (direct=1, same bs/size; io_uring rows: ioengine=io_uring, same iodepth; POSIX rows: "
+                    "ioengine=psync, one job per engine thread) on the tier's own file in %s, interleaved with the "
+                    "tier in %u rounds\n",
+                    (bench::scratch_dir() / "tiers").c_str(), bench::smoke() ? 1u : file_rounds());
     register_rows(full);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

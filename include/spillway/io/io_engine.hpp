@@ -85,37 +85,44 @@ public:
         posix_ = std::make_unique<posix_engine>(std::move(config));
     }
 
+    /// The engine doing the work: io_backend::io_uring or io_backend::posix (never automatic).
     [[nodiscard]] io_backend backend() const noexcept {
         return posix_ ? io_backend::posix : io_backend::io_uring;
     }
+    /// "io_uring" or "posix".
     [[nodiscard]] std::string_view backend_name() const noexcept { return spillway::backend_name(backend()); }
     /// Why automatic mode fell back to POSIX; empty otherwise.
     [[nodiscard]] const std::string& fallback_reason() const noexcept { return fallback_reason_; }
 
+    /// The validated settings the engine runs with.
     [[nodiscard]] const io_engine_config& config() const noexcept {
 #if SPILLWAY_HAS_LIBURING
         if (uring_) return uring_->config();
 #endif
         return posix_->config();
     }
+    /// A snapshot of the chosen engine's counters.
     [[nodiscard]] io_engine_counters counters() const noexcept {
 #if SPILLWAY_HAS_LIBURING
         if (uring_) return uring_->counters();
 #endif
         return posix_->counters();
     }
+    /// Starts `req`; `callback` runs once when it finished (contract point 4 above).
     void submit(const io_request& req, io_callback callback) {
 #if SPILLWAY_HAS_LIBURING
         if (uring_) return uring_->submit(req, std::move(callback));
 #endif
         posix_->submit(req, std::move(callback));
     }
+    /// Reads buf.size() bytes of `fd` at `offset` into `buf`. Keep `buf` alive until done.
     io_completion read(int fd, std::span<std::byte> buf, std::uint64_t offset, std::string_view label = {}) {
 #if SPILLWAY_HAS_LIBURING
         if (uring_) return uring_->read(fd, buf, offset, label);
 #endif
         return posix_->read(fd, buf, offset, label);
     }
+    /// Writes `buf` to `fd` at `offset`. Keep `buf` alive and unchanged until done.
     io_completion write(int fd, std::span<const std::byte> buf, std::uint64_t offset, std::string_view label = {}) {
 #if SPILLWAY_HAS_LIBURING
         if (uring_) return uring_->write(fd, buf, offset, label);

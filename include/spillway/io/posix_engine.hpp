@@ -31,6 +31,8 @@
 
 namespace spillway {
 
+/// File I/O with pread/pwrite on a pool of config().posix_threads() worker threads; keeps
+/// the contract in io_engine.hpp (see the guarantees above).
 class posix_engine {
 public:
     /// Throws std::invalid_argument for a bad config (see io_engine_config::validate).
@@ -50,9 +52,13 @@ public:
     /// Waits for every request in flight, then stops the workers.
     ~posix_engine() { stop(); }
 
+    /// Always io_backend::posix.
     [[nodiscard]] static constexpr io_backend backend() noexcept { return io_backend::posix; }
+    /// "posix".
     [[nodiscard]] static constexpr std::string_view backend_name() noexcept { return "posix"; }
+    /// The validated settings the engine runs with.
     [[nodiscard]] const io_engine_config& config() const noexcept { return config_; }
+    /// A snapshot of what the engine did so far (monotonic counters).
     [[nodiscard]] io_engine_counters counters() const noexcept { return counters_.snapshot(); }
 
     /// Starts `req`; `callback` runs once when it finished, on a worker thread (or on the
@@ -61,12 +67,16 @@ public:
     void submit(const io_request& req, io_callback callback) {
         auto state = detail::begin_request(req, callback, counters_);
         if (!state) return;
+        const std::size_t pieces = (req.nbytes + config_.block_size - 1) / config_.block_size;
         {
             std::lock_guard lock(mutex_);
             ++outstanding_;
             queue_.push_back(std::move(state));
         }
-        work_cv_.notify_all();
+        // Wake as many workers as the request has pieces (not every worker for a small one).
+        if (pieces >= workers_.size()) work_cv_.notify_all();
+        else
+            for (std::size_t i = 0; i < pieces; ++i) work_cv_.notify_one();
     }
 
     /// Reads buf.size() bytes of `fd` at `offset` into `buf`. Keep `buf` alive until done.

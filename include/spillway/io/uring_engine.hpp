@@ -13,7 +13,10 @@
 //    awaited, then the callback gets one std::system_error (the -errno stays inside this
 //    header and is converted once, in detail::make_io_error).
 // 3. submit() never blocks on a full ring; it queues. Several threads may submit at once
-//    (submission is serialised by one mutex; reaping needs no lock on the ring).
+//    (the queue and the submission ring are guarded by one mutex; reaping needs no lock on
+//    the ring). The completion thread prepares and submits every piece, batched: submit()
+//    only wakes it (with a NOP) when a slot is free, so the kernel finishes each piece in
+//    the thread that waits for it and tops the ring up there, one submission per batch.
 // 4. Registration (io_registration): `files` puts each request's fd into a sparse fixed
 //    file table for the request's life (if the table is full the plain fd is used);
 //    `buffers` lets register_buffers() pin caller buffers once, and pieces inside them use
@@ -52,8 +55,10 @@ namespace spillway {
 
 /// The outcome of the io_uring probe: available, or why not.
 struct uring_probe_result {
+    /// True when io_uring can be used in this process.
     bool available = false;
-    std::string reason;  // empty when available
+    /// Why not, in words; empty when available.
+    std::string reason;
 };
 
 namespace detail {
@@ -120,6 +125,8 @@ inline const uring_probe_result& uring_probe() {
 
 #if SPILLWAY_HAS_LIBURING
 
+/// File I/O through one io_uring ring and one completion thread; keeps the contract in
+/// io_engine.hpp (see the guarantees above). Only when built with liburing.
 class uring_engine {
 public:
     /// Throws std::invalid_argument for a bad config, std::system_error when the ring cannot
@@ -171,9 +178,13 @@ public:
         io_uring_queue_exit(&ring_);
     }
 
+    /// Always io_backend::io_uring.
     [[nodiscard]] static constexpr io_backend backend() noexcept { return io_backend::io_uring; }
+    /// "io_uring".
     [[nodiscard]] static constexpr std::string_view backend_name() noexcept { return "io_uring"; }
+    /// The validated settings the engine runs with.
     [[nodiscard]] const io_engine_config& config() const noexcept { return config_; }
+    /// A snapshot of what the engine did so far (monotonic counters).
     [[nodiscard]] io_engine_counters counters() const noexcept { return counters_.snapshot(); }
 
     /// Registers `buffers` with the ring once (needs io_registration::buffers or
@@ -217,8 +228,7 @@ public:
         }
         ++outstanding_;
         queue_.push_back(std::move(state));
-        fill_locked();
-        submit_locked();
+        wake_locked();
     }
 
     /// Reads buf.size() bytes of `fd` at `offset` into `buf`. Keep `buf` alive until done.
@@ -232,6 +242,7 @@ public:
 
 private:
     static constexpr std::uint64_t stop_tag = ~std::uint64_t{0};
+    static constexpr std::uint64_t wake_tag = stop_tag - 1;
 
     struct slot {
         std::shared_ptr<detail::request_state> req;
@@ -282,6 +293,26 @@ private:
         if (r.fixed_file >= 0) sqe->flags |= IOSQE_FIXED_FILE;
         io_uring_sqe_set_data64(sqe, i);
         ++unsubmitted_;
+    }
+
+    // Wakes the completion thread so that it hands the queued pieces to free slots: a NOP,
+    // which completes at once, unless one is on its way already or every slot is busy (the
+    // next completion tops the ring up then). Only the completion thread submits pieces, so
+    // the kernel runs their completion work in the thread that waits for them (the task
+    // that submits a request is otherwise woken once per piece just to post its completion).
+    // Caller holds mutex_.
+    void wake_locked() {
+        if (wake_pending_ || free_slots_.empty()) return;
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (!sqe) {  // cannot happen: the submission queue is flushed under mutex_ every time
+            submit_locked();
+            sqe = io_uring_get_sqe(&ring_);
+        }
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, wake_tag);
+        ++unsubmitted_;
+        submit_locked();
+        wake_pending_ = true;
     }
 
     // Hands new pieces to free slots. Caller holds mutex_.
@@ -402,6 +433,10 @@ private:
                         stop = true;
                         continue;
                     }
+                    if (tag == wake_tag) {
+                        wake_pending_ = false;
+                        continue;
+                    }
                     if (auto r = complete_locked(static_cast<unsigned>(tag), res)) finished.push_back(std::move(r));
                 }
                 fill_locked();
@@ -428,6 +463,7 @@ private:
     std::vector<int> free_files_;
     std::vector<iovec> buffers_;
     unsigned unsubmitted_ = 0;
+    bool wake_pending_ = false;  // a wake-up NOP is in the ring
     std::size_t outstanding_ = 0;
     detail::engine_counters counters_;
     std::thread reaper_;

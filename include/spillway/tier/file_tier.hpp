@@ -73,9 +73,11 @@ namespace spillway {
 /// - off: buffered I/O through the page cache.
 enum class direct_io_mode { automatic, required, off };
 
+/// Settings of a file_tier.
 struct file_tier_options {
     /// The most bytes of blobs held at once (unbounded by default).
     std::size_t capacity = std::numeric_limits<std::size_t>::max();
+    /// Whether transfers use O_DIRECT (see direct_io_mode).
     direct_io_mode direct_io = direct_io_mode::automatic;
     /// Settings of the tier's engine (queue depth, block size, ...).
     io_engine_config engine{};
@@ -127,13 +129,19 @@ inline std::atomic<std::uint64_t>& file_tier_counter() noexcept {
 }
 }  // namespace detail
 
+/// A storage_tier in a directory, one file per key, moved by `Engine` (io_engine picks
+/// io_uring or POSIX at run time); see the guarantees at the top of this header.
 template <class Engine = io_engine>
     requires io_engine_model<Engine>
 class file_tier {
 public:
+    /// Persistent, direct I/O capable, host accessible.
     static constexpr tier_properties properties{.persistent = true, .direct_io = true, .host_accessible = true};
+    /// The prefix of the tier's own files (temporary, probe and spare files); no key may
+    /// start with it.
     static constexpr std::string_view reserved_prefix = ".spillway.";
-    static constexpr std::size_t block = 4096;  // O_DIRECT alignment of offsets, sizes, buffers
+    /// The O_DIRECT alignment of offsets, sizes and buffers, in bytes.
+    static constexpr std::size_t block = 4096;
 
     /// Opens (never creates) `directory`. Throws std::system_error naming the path when it is
     /// missing, not a directory, or not writable, or when O_DIRECT is required and refused;
@@ -326,22 +334,28 @@ public:
         index_.erase(it);
         return true;
     }
+    /// True when a blob is stored under `key`.
     [[nodiscard]] bool contains(std::string_view key) const {
         std::lock_guard lock(mutex_);
         return index_.contains(std::string(key));
     }
+    /// The size of the blob under `key`, or nullopt when there is none.
     [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const {
         std::lock_guard lock(mutex_);
         auto it = index_.find(std::string(key));
         if (it == index_.end()) return std::nullopt;
         return it->second;
     }
+    /// The most bytes of blobs held at once (file_tier_options::capacity).
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// Bytes of the blobs stored now (spare files and writes in flight not counted).
     [[nodiscard]] std::size_t used() const {
         std::lock_guard lock(mutex_);
         return used_;
     }
+    /// Bytes and operations each way, busy time and measured bandwidth so far.
     [[nodiscard]] tier_stats stats() const { return stats_.snapshot(); }
+    /// The tier's name in messages and reports (file_tier_options::name).
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
     /// The directory the tier stores its files in.

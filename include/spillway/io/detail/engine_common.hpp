@@ -51,9 +51,11 @@ constexpr std::string_view backend_name(io_backend b) noexcept {
 ///   opcodes (no per-piece page pinning) when a piece lies inside one of them.
 enum class io_registration { none, files, buffers, files_and_buffers };
 
+/// True when `r` registers files.
 constexpr bool registers_files(io_registration r) noexcept {
     return r == io_registration::files || r == io_registration::files_and_buffers;
 }
+/// True when `r` registers buffers.
 constexpr bool registers_buffers(io_registration r) noexcept {
     return r == io_registration::buffers || r == io_registration::files_and_buffers;
 }
@@ -61,6 +63,7 @@ constexpr bool registers_buffers(io_registration r) noexcept {
 /// The direction of one engine request.
 enum class io_op { read, write };
 
+/// "read" or "write".
 constexpr std::string_view op_name(io_op op) noexcept { return op == io_op::read ? "read" : "write"; }
 
 /// A fault hook for tests: called with every raw result of a piece (bytes transferred or
@@ -70,12 +73,17 @@ constexpr std::string_view op_name(io_op op) noexcept { return op == io_op::read
 /// (Held through a shared pointer: copying a config shares one hook.)
 class io_result_filter {
 public:
+    /// The hook's signature.
     using function = std::function<long(io_op op, long result, std::size_t requested)>;
+    /// No hook.
     io_result_filter() = default;
+    /// Wraps `f`.
     template <class F>
         requires std::is_invocable_r_v<long, F&, io_op, long, std::size_t>
     io_result_filter(F f) : fn_(std::make_shared<const function>(std::move(f))) {}  // NOLINT: implicit by design
+    /// True when a hook is set.
     explicit operator bool() const noexcept { return fn_ != nullptr; }
+    /// Calls the hook (only when one is set).
     long operator()(io_op op, long result, std::size_t requested) const { return (*fn_)(op, result, requested); }
 
 private:
@@ -97,6 +105,7 @@ struct io_engine_config {
     /// Test hook; see io_result_filter.
     io_result_filter result_filter;
 
+    /// Throws std::invalid_argument naming the first field out of range and its value.
     void validate() const {
         expect_argument(queue_depth >= 1 && queue_depth <= 4096,
                         "io_engine_config: queue_depth " + std::to_string(queue_depth) + " is outside 1..4096");
@@ -115,24 +124,24 @@ struct io_engine_config {
 
 /// What an engine did, for tests and reports. Monotonic.
 struct io_engine_counters {
-    std::uint64_t requests = 0;        // requests completed (success or failure)
-    std::uint64_t pieces = 0;          // pieces submitted (first submissions, not retries)
-    std::uint64_t short_retries = 0;   // resubmissions after a short transfer
-    std::uint64_t again_retries = 0;   // resubmissions after EAGAIN / EINTR
-    std::uint64_t failures = 0;        // requests that ended in an error
-    std::uint64_t max_in_flight = 0;   // the most pieces in flight at once
+    std::uint64_t requests = 0;        ///< requests completed (success or failure)
+    std::uint64_t pieces = 0;          ///< pieces submitted (first submissions, not retries)
+    std::uint64_t short_retries = 0;   ///< resubmissions after a short transfer
+    std::uint64_t again_retries = 0;   ///< resubmissions after EAGAIN / EINTR
+    std::uint64_t failures = 0;        ///< requests that ended in an error
+    std::uint64_t max_in_flight = 0;   ///< the most pieces in flight at once
 };
 
 /// One engine request: `nbytes` at `data` from or to `fd` at `offset`. `label` (usually the
 /// path) names the file in error messages; it is copied. The caller keeps `data` alive and
 /// (for writes) unchanged until the request completes.
 struct io_request {
-    io_op op = io_op::read;
-    int fd = -1;
-    std::byte* data = nullptr;
-    std::size_t nbytes = 0;
-    std::uint64_t offset = 0;
-    std::string_view label;
+    io_op op = io_op::read;      ///< read or write
+    int fd = -1;                 ///< the file descriptor
+    std::byte* data = nullptr;   ///< the caller's buffer
+    std::size_t nbytes = 0;      ///< bytes to transfer
+    std::uint64_t offset = 0;    ///< file offset of the first byte
+    std::string_view label;      ///< the file's name in messages (copied)
 };
 
 /// Called once per request with the bytes transferred (the full size on success) and the
