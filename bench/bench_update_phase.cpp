@@ -211,10 +211,12 @@ pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buff
     cfg.param_count = params;
     cfg.subgroup_size = sh.subgroup_size;
     cfg.host_buffers = std::max<std::size_t>(3, buffer_bytes / ((fp32 ? 16 : 12) * sh.subgroup_size));
-    // SPILLWAY_UPDATE_PHASE_PIECE_KIB (default 8192) and _WINDOW (pieces in flight per
-    // direction, default 4): the pipeline's I/O granularity, the same for every row.
-    cfg.piece_bytes = static_cast<std::size_t>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_PIECE_KIB", 8192), 4L, 1L << 20)) / 4 * 4096;
-    cfg.pieces_in_flight = static_cast<std::size_t>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_WINDOW", 4), 1L, 256L));
+    // SPILLWAY_UPDATE_PHASE_PIECE_KIB and _WINDOW (pieces in flight per direction and path)
+    // override the pipeline's I/O granularity (its defaults otherwise), the same for every row.
+    if (long kib = env_long("SPILLWAY_UPDATE_PHASE_PIECE_KIB", 0); kib > 0)
+        cfg.piece_bytes = static_cast<std::size_t>(std::max(4L, kib) / 4) * 4096;
+    if (long window = env_long("SPILLWAY_UPDATE_PHASE_WINDOW", 0); window > 0)
+        cfg.pieces_in_flight = static_cast<std::size_t>(window);
     return cfg;
 }
 
