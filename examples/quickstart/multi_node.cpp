@@ -27,7 +27,7 @@ using quickstart::expect;
 
 namespace {
 
-constexpr int steps = 6;
+constexpr int steps = 4;
 const spillway::adamw_config adam{.lr = 1e-2f, .weight_decay = 0.01f};
 
 /// This process's place in the job: MPI's world, or a world of one when built without MPI.
@@ -105,12 +105,16 @@ int main(int argc, char** argv) {
         std::vector<float> params = model.initial_params(1);
 
         // [step-4-shard-begin]
-        const std::size_t subgroup = 2048, subgroups = (n + subgroup - 1) / subgroup;
+        const std::size_t subgroup = 8192, subgroups = (n + subgroup - 1) / subgroup;
         auto shard_start = [&](int r) { return std::min(n, subgroups * r / size * subgroup); };
         const std::size_t first = shard_start(rank), count = shard_start(rank + 1) - first;  // whole subgroups
         // [step-4-shard-end]
         std::vector<int> offsets;
         for (int r = 0; r <= size; ++r) offsets.push_back(static_cast<int>(shard_start(r)));
+
+        // A job killed half-way leaves its blobs behind: start from empty directories.
+        for (const auto& root : {local_root, shared_root})
+            std::filesystem::remove_all(root / ("rank-" + std::to_string(rank)));
 
         // [step-4-tier-begin]
         using local_path = spillway::file_tier<>;                              // node-local NVMe
@@ -125,7 +129,8 @@ int main(int argc, char** argv) {
         tier_options.name = "optimizer";
         tier_options.lock_names = {lock_name(local_root), lock_name(shared_root)};
         const auto pfs_share = spillway::throttle_config::joint({.bytes_per_second = 200e6});  // this rank's cap
-        tier_type tier(tier_options, spillway::child_args(local_root / mine, spillway::file_tier_options{.name = "local"}),
+        tier_type tier(tier_options,
+                       spillway::child_args(local_root / mine, spillway::file_tier_options{.name = "local"}),
                        spillway::child_args(pfs_share, std::in_place, shared_root / mine,
                                             spillway::file_tier_options{.name = "pfs"}));
         // [step-4-tier-end]
