@@ -31,7 +31,8 @@
 // io_uring), plus,
 // for two paths, the shm path's throttle (half of it).
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
-// SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
+// SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each single-process row as Chrome
+// trace JSON (DIR/<row>.json, for Perfetto). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
 // sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth.
 #include <benchmark/benchmark.h>
 
@@ -231,6 +232,8 @@ struct runner {
     std::vector<sample> samples;
     virtual ~runner() = default;
     virtual sample call() = 0;
+    /// Records the next call's timeline (reads, compute, writes) as Chrome trace JSON.
+    virtual void trace_next_call(const fs::path& /*file*/) {}
 };
 
 template <class Tier>
@@ -241,15 +244,34 @@ struct pipe_runner : runner {
     std::span<float16> copy;
     bool fp32 = false;
 
-    pipe_runner(std::unique_ptr<Tier> t, host_data& data, const shape& sh, const pipeline_options& opt)
+    std::unique_ptr<trace::recorder> rec = std::make_unique<trace::recorder>(trace::recording::disabled);
+    fs::path trace_file;
+
+    pipe_runner(std::unique_ptr<Tier> t, host_data& data, const shape& sh, const pipeline_options& options)
         : tier(std::move(t)) {
+        auto opt = options;
+        opt.recorder = rec.get();
         fp32 = opt.gradients == gradient_path::fp32_on_tier;
         auto cfg = config_for(sh, sh.params(), sh.budget_bytes(), opt);
         pipe = std::make_unique<update_pipeline<Tier, float16>>(*tier, cfg, std::span<const float>(data.init), opt);
         grads = data.grads;
         copy = data.copy;
     }
+    void trace_next_call(const fs::path& file) override { trace_file = file; }
     sample call() override {
+        if (!trace_file.empty()) {
+            rec->clear();
+            rec->enable();
+        }
+        sample x = timed_call();
+        if (!trace_file.empty()) {
+            rec->disable();
+            rec->save(trace_file);
+            trace_file.clear();
+        }
+        return x;
+    }
+    sample timed_call() {
         sample x;
         if (fp32) {
             auto t0 = clk::now();
@@ -528,6 +550,10 @@ results& the_results() {
                 for (auto& r : rows) {
                     if (!r->error.empty()) continue;
                     try {
+                        // SPILLWAY_UPDATE_PHASE_TRACE=DIR: the last round's timeline per row.
+                        const char* trace_dir = std::getenv("SPILLWAY_UPDATE_PHASE_TRACE");
+                        if (trace_dir && *trace_dir && round == sh.timed_calls)
+                            r->trace_next_call(fs::path(trace_dir) / (r->name + ".json"));
                         auto x = r->call();
                         std::fprintf(stderr,
                                      "[update_phase] round %d %-22s update %.3f s  read-wait %.3f  compute %.3f  "
