@@ -53,15 +53,32 @@ struct mlp_tensors {
 
 SPILLWAY_HOST_DEVICE float relu(float v) { return v > 0.0f ? v : 0.0f; }
 
+/// The activation applied to a dot product's left operand.
+struct identity_fn {
+    /// v unchanged.
+    SPILLWAY_HOST_DEVICE float operator()(float v) const { return v; }
+};
+/// max(v, 0).
+struct relu_fn {
+    SPILLWAY_HOST_DEVICE float operator()(float v) const { return relu(v); }
+};
+
+/// acc + sum over i < n of act(a[i * a_stride]) * w[i * w_stride], in order of i, each step
+/// one fmaf: the same bits on every backend.
+template <class Activation>
+SPILLWAY_HOST_DEVICE float dot(float acc, const float* a, std::size_t a_stride, const float16* w,
+                               std::size_t w_stride, std::size_t n, Activation act) {
+    for (std::size_t i = 0; i < n; ++i) acc = fmaf(act(a[i * a_stride]), spillway::to_float(w[i * w_stride]), acc);
+    return acc;
+}
+
 // h_pre[b, j] = b1[j] + sum_i x[b, i] * W1[i, j]
 struct hidden_fn {
     mlp_tensors m;
     SPILLWAY_HOST_DEVICE void operator()(std::size_t idx) const {
         std::size_t b = idx / m.s.hidden, j = idx % m.s.hidden;
-        float acc = spillway::to_float(m.params[m.s.b1() + j]);
-        for (std::size_t i = 0; i < m.s.in; ++i)
-            acc = fmaf(m.x[b * m.s.in + i], spillway::to_float(m.params[m.s.w1() + i * m.s.hidden + j]), acc);
-        m.h_pre[idx] = acc;
+        m.h_pre[idx] = dot(spillway::to_float(m.params[m.s.b1() + j]), m.x + b * m.s.in, 1, m.params + m.s.w1() + j,
+                           m.s.hidden, m.s.in, identity_fn{});
     }
 };
 // y[b, k] = b2[k] + sum_j relu(h_pre[b, j]) * W2[j, k]
@@ -69,10 +86,8 @@ struct output_fn {
     mlp_tensors m;
     SPILLWAY_HOST_DEVICE void operator()(std::size_t idx) const {
         std::size_t b = idx / m.s.out, k = idx % m.s.out;
-        float acc = spillway::to_float(m.params[m.s.b2() + k]);
-        for (std::size_t j = 0; j < m.s.hidden; ++j)
-            acc = fmaf(relu(m.h_pre[b * m.s.hidden + j]), spillway::to_float(m.params[m.s.w2() + j * m.s.out + k]), acc);
-        m.y[idx] = acc;
+        m.y[idx] = dot(spillway::to_float(m.params[m.s.b2() + k]), m.h_pre + b * m.s.hidden, 1, m.params + m.s.w2() + k,
+                       m.s.out, m.s.hidden, relu_fn{});
     }
 };
 // sample_loss[b] = sum_k (y[b, k] - t[b, k])^2
@@ -114,9 +129,7 @@ struct dh_fn {
     mlp_tensors m;
     SPILLWAY_HOST_DEVICE void operator()(std::size_t idx) const {
         std::size_t b = idx / m.s.hidden, j = idx % m.s.hidden;
-        float acc = 0.0f;
-        for (std::size_t k = 0; k < m.s.out; ++k)
-            acc = fmaf(m.dy[b * m.s.out + k], spillway::to_float(m.params[m.s.w2() + j * m.s.out + k]), acc);
+        float acc = dot(0.0f, m.dy + b * m.s.out, 1, m.params + m.s.w2() + j * m.s.out, 1, m.s.out, identity_fn{});
         m.dh[idx] = m.h_pre[idx] > 0.0f ? acc : 0.0f;
     }
 };

@@ -28,8 +28,10 @@
 #  define SPILLWAY_HOST_DEVICE __host__ __device__ inline
 #else
 #  ifndef SPILLWAY_HAS_CUDA
+/// 1 when compiled by nvcc (the CUDA pieces are usable), else 0.
 #    define SPILLWAY_HAS_CUDA 0
 #  endif
+/// Marks a function for host and device under nvcc; plain `inline` for other compilers.
 #  define SPILLWAY_HOST_DEVICE inline
 #endif
 
