@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""report.generate: scripts/bench_report.py on trimmed benchmark JSON (tests/report/fixtures).
+
+Usage: check_report.py --script scripts/bench_report.py --fixtures tests/report/fixtures --work DIR
+
+Checks, on real (smoke-size, trimmed) benchmark output:
+1. Every section and every plot is produced, each section names its machine and date, and
+   repetitions are reduced to their medians.
+2. A missing JSON gives the "not measured" text with the command, and the rest still renders;
+   a JSON no section knows gets a generic section; rows and counters added to a known
+   benchmark are listed, not dropped.
+3. A malformed JSON is an error naming the file, and the previous report stays untouched.
+"""
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import shutil
+import sys
+import unittest
+from pathlib import Path
+
+ARGS = None
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The plots each section must draw from the fixtures (the GPU benchmark has no fixture: its
+# section must say "not measured").
+EXPECTED_PLOTS = {
+    "tiers": ["bench_tiers_vs_fio.png", "bench_tiers_bandwidth.png"],
+    "virtual_tier": ["bench_virtual_tier.png"],
+    "adam": ["bench_adam.png"],
+    "update": ["bench_update_phase.png"],
+    "stash": ["bench_stash_memory.png"],
+    "mini_gpt": ["bench_mini_gpt.png"],
+}
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_report", ARGS.script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_report"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_report(report, json_dir: Path, out: Path) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = report.main(["--json-dir", str(json_dir), "--out", str(out)])
+    return rc, err.getvalue()
+
+
+def sections_of(text: str) -> dict[str, str]:
+    """Section title -> its text, split at '## ' headings."""
+    parts = {}
+    for chunk in text.split("\n## ")[1:]:
+        title, _, body = chunk.partition("\n")
+        parts[title.strip()] = body
+    return parts
+
+
+class ReportTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.report = load_script()
+        cls.work = Path(ARGS.work)
+        shutil.rmtree(cls.work, ignore_errors=True)
+        cls.work.mkdir(parents=True)
+        cls.fixtures = Path(ARGS.fixtures)
+        missing = [key for key in EXPECTED_PLOTS if not (cls.fixtures / f"{key}.json").exists()]
+        assert not missing, f"fixtures lack {missing}"
+        cls.measured = [s for s in cls.report.SECTIONS if s.key in EXPECTED_PLOTS]
+        cls.unmeasured = [s for s in cls.report.SECTIONS if s.key not in EXPECTED_PLOTS]
+
+    def copy_fixtures(self, name: str, keys) -> Path:
+        d = self.work / name
+        d.mkdir()
+        for key in keys:
+            shutil.copy(self.fixtures / f"{key}.json", d / f"{key}.json")
+        return d
+
+    def test_every_section_and_plot(self):
+        out = self.work / "full-out"
+        rc, err = run_report(self.report, self.fixtures, out)
+        self.assertEqual(rc, 0, err)
+        text = (out / "benchmarks.md").read_text()
+        sections = sections_of(text)
+        self.assertEqual(len(sections), len(self.report.SECTIONS))
+        for s in self.unmeasured:
+            self.assertIn("**Not measured**", sections[s.title], s.key)
+        for s in self.measured:
+            self.assertIn(s.title, sections, f"section {s.key} missing")
+            body = sections[s.title]
+            self.assertNotIn("Not measured", body, s.key)
+            self.assertIn("Measured on ", body, f"{s.key}: no machine line")
+            self.assertRegex(body, r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", f"{s.key}: no date")
+            self.assertIn("| --- |", body, f"{s.key}: no table")
+            for png in EXPECTED_PLOTS[s.key]:
+                self.assertIn(f"(img/{png})", body, f"{s.key}: {png} not shown")
+                data = (out / "img" / png).read_bytes()
+                self.assertTrue(data.startswith(PNG_MAGIC) and len(data) > 10_000, f"{png} is not a plot")
+        # The summary table has a line per goal; only the unmeasured sections say "not measured".
+        summary = text.split("\n## ")[0]
+        self.assertEqual(summary.count("not measured"), len(self.unmeasured))
+        self.assertGreaterEqual(summary.count("\n| "), len(self.report.SECTIONS) + 1)
+        # The fixtures' CPU model reaches the report.
+        cpu = json.loads((self.fixtures / "adam.json").read_text())["context"]["cpu_model"]
+        self.assertIn(cpu, sections[self.report.SECTIONS[2].title])
+
+    def test_missing_unknown_and_added_rows(self):
+        # Only the tiers' JSON (and a new one): the stash's is missing, among others.
+        d = self.copy_fixtures("partial", ["tiers"])
+        # A benchmark no section knows.
+        shutil.copy(self.fixtures / "virtual_tier.json", d / "newbench.json")
+        # A row and a counter the tiers section does not know.
+        tiers = json.loads((d / "tiers.json").read_text())
+        extra = dict(tiers["benchmarks"][0])
+        extra.update(name="write/file_newengine/bs_KiB:1024/qd:8", run_name="write/file_newengine/bs_KiB:1024/qd:8",
+                     new_counter_xyz=1.5)
+        tiers["benchmarks"].append(extra)
+        (d / "tiers.json").write_text(json.dumps(tiers))
+        out = self.work / "partial-out"
+        rc, err = run_report(self.report, d, out)
+        self.assertEqual(rc, 0, err)
+        sections = sections_of((out / "benchmarks.md").read_text())
+        stash = next(s for s in self.report.SECTIONS if s.key == "stash")
+        self.assertIn("**Not measured**", sections[stash.title])
+        self.assertIn("scripts/dev bench stash", sections[stash.title])
+        self.assertFalse((out / "img" / "bench_stash_memory.png").exists())
+        self.assertNotIn("Not measured", sections[self.report.SECTIONS[0].title])
+        generic = sections["Benchmark `newbench`"]
+        self.assertIn("BM_aggregate", generic)
+        self.assertTrue((out / "img" / "bench_newbench.png").exists())
+        tiers_text = sections[self.report.SECTIONS[0].title]
+        self.assertIn("Other rows", tiers_text)
+        self.assertIn("new_counter_xyz", tiers_text)
+
+    def test_malformed_json_names_file_and_keeps_old_report(self):
+        d = self.copy_fixtures("broken", [p.stem for p in self.fixtures.glob("*.json")])
+        (d / "adam.json").write_text('{"context": {}, "benchmarks": [')
+        out = self.work / "broken-out"
+        out.mkdir()
+        (out / "benchmarks.md").write_text("previous report\n")
+        rc, err = run_report(self.report, d, out)
+        self.assertNotEqual(rc, 0)
+        self.assertIn(str(d / "adam.json"), err)
+        self.assertEqual((out / "benchmarks.md").read_text(), "previous report\n")
+        self.assertFalse((out / "img").exists() and any((out / "img").iterdir()))
+
+    def test_repetitions_reduce_to_medians(self):
+        d = self.work / "medians"
+        d.mkdir()
+        rows = [{"name": "r", "run_name": "r", "run_type": "iteration", "repetitions": 3, "repetition_index": i,
+                 "real_time": t, "time_unit": "ms", "vs_limit": v} for i, (t, v) in enumerate([(1, 0.5), (3, 1.0),
+                                                                                               (2, 0.9)])]
+        rows.append({"name": "a_median", "run_name": "a", "run_type": "aggregate", "aggregate_name": "median",
+                     "repetitions": 5, "real_time": 7.0, "time_unit": "s", "vs_limit": 0.8})
+        rows.append({"name": "a_cv", "run_name": "a", "run_type": "aggregate", "aggregate_name": "cv",
+                     "aggregate_unit": "percentage", "repetitions": 5, "real_time": 0.1, "time_unit": "s",
+                     "vs_limit": 0.25})
+        rows.append({"name": "e", "run_name": "e", "error_occurred": True, "error_message": "no fio"})
+        (d / "x.json").write_text(json.dumps({"context": {}, "benchmarks": rows}))
+        rep = self.report.load_bench(d / "x.json")
+        by = {r.name: r for r in rep.rows}
+        self.assertEqual(by["r"].get("vs_limit"), 0.9)
+        self.assertAlmostEqual(by["r"].seconds(), 2e-3)
+        self.assertAlmostEqual(by["r"].cv["vs_limit"], 0.3307, places=4)  # stdev 0.2646 / mean 0.8
+        self.assertEqual(by["a"].get("vs_limit"), 0.8)
+        self.assertEqual(by["a"].cv["vs_limit"], 0.25)
+        self.assertEqual(by["a"].seconds(), 7.0)
+        self.assertEqual(by["e"].error, "no fio")
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--script", required=True)
+    ap.add_argument("--fixtures", required=True)
+    ap.add_argument("--work", required=True)
+    ARGS, rest = ap.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
