@@ -1,31 +1,53 @@
-// bench/bench_mini_gpt.cpp: training step time of examples/mini_gpt, --offload none vs all,
-// on the demo config and on GPT-2 124M (B=4, T=64), against limits measured in this run.
+// bench/bench_mini_gpt.cpp: training step time of examples/mini_gpt for every --offload mode,
+// on the default config and on GPT-2 124M (B=4, T=64), with 1 and 2 ranks, against limits
+// measured in this run.
 //
 // Rows:
 //  - sgemm_limit: a large fp32 matrix product (M=N=K=2048) through the trainer's own matmul
-//    path (our thread pool over OpenBLAS slices): the FLOP/s ceiling of this machine for the
-//    model's arithmetic. Counter flops_per_s.
-//  - step/<config>/<offload>: one training run; the row's time is the median step time over
-//    the steps after the first (the first step allocates and, with the stash, profiles).
-//    Counters: model_flops_per_s, vs_limit (model FLOP/s over the sgemm row's), act_peak_bytes
-//    and act_peak_vs_all_kept (median peak after the first step over keeping every layer),
-//    update_ms and io_wait_ms (medians), and for 124M speedup_vs_llmc: llm.c's CPU trainer
+//    path (our thread pool over OpenBLAS slices, 2 threads on the development machine): the
+//    FLOP/s ceiling of this machine for the model's arithmetic. Counter flops_per_s.
+//  - path_bandwidth: 256 MiB written and read back through a file tier (O_DIRECT where the
+//    file system allows) in the scratch directory, the path the offloaded optimizer uses.
+//    Counters write_bytes_per_s, read_bytes_per_s.
+//  - step/<config>/<offload>/ranks:<P>: one training run; the row's time is the median step
+//    time over the steps after the first (the first allocates and, with the stash, profiles).
+//    Counters: model_flops_per_s, vs_limit (model FLOP/s over the sgemm limit measured again
+//    around this run, the better of before and after: the machine may be shared), ms_per_step,
+//    act_peak_bytes and act_peak_vs_all_kept (median peak after the first step over keeping
+//    every layer; 1 rank), update_ms and io_wait_ms (medians; 1 rank), cpu_ms_per_step (process
+//    CPU time per step, all threads; 1 rank); for 124M speedup_vs_llmc: llm.c's CPU trainer
 //    (train_gpt2.c) takes about 2.9 s per step for this config with 2 threads on the
-//    development machine, so this is 2.9 s over our median step time. The sgemm limit is
-//    measured again around every run (sgemm_flops_per_s, the better of before and after) and
-//    vs_limit uses it; cpu_ms_per_step is the process CPU time per step (all threads) and
-//    speedup_vs_llmc_cpu compares llm.c's 2.9 s with cpu_ms_per_step / threads, the step time
-//    an idle machine would give with perfectly busy threads (the shared machine's load does
-//    not inflate it).
-// The `all` rows use --act-split offload (every layer's activations go to the tier).
-// SPILLWAY_BENCH_SMOKE=1 runs only the demo config, briefly.
+//    development machine, so this is 2.9 s over our median step. Rows other than `none`
+//    carry vs_none (this row's step time over the `none` row's of the same config and ranks),
+//    and the `optimizer` and `all` rows opt_io_floor_ms: the optimizer state's bytes per step
+//    (fp32 params, m and v, read and written) over path_bandwidth's figures, the step time the
+//    path alone allows; bandwidth_suffices is 1 when that floor is below the `none` step.
+//  - 2 ranks: `mpirun -np 2` (with --oversubscribe, and --allow-run-as-root as root) on the
+//    mini_gpt binary with --json and one thread per rank, so both rows use 2 threads.
+// The `activations` and `all` rows use --act-split offload (every layer's activations go to
+// the tier), so they measure what the stash saves and what its I/O costs.
+//
+// Side file mini_gpt_series.json (beside --benchmark_out, else in the current directory):
+// {"machine", "date", "runs": [{"config", "offload", "ranks", "loss": [...], "step_ms": [...],
+// "act_peak_bytes"}]}, one run per step row: the default config's runs are long enough to
+// show the loss fall.
+// SPILLWAY_BENCH_SMOKE=1 runs only the default config, briefly.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "support/bench_env.hpp"
 
@@ -33,11 +55,14 @@
 #include <cblas.h>
 
 #include "gpt2.hpp"
+#include "spillway/io/aligned_buffer.hpp"
+#include "spillway/tier/file_tier.hpp"
 #include "trainer.hpp"
 
 namespace {
 
-double sgemm_flops_per_s = 0;  // set by the limit row, read by the step rows
+using mini_gpt::offload_mode;
+using mini_gpt::offload_name;
 
 int bench_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
@@ -45,6 +70,12 @@ double median(std::vector<double> v) {
     if (v.empty()) return 0;
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
+}
+
+/// The values after the first (the warm-up step).
+template <class T>
+std::vector<double> after_first(const std::vector<T>& v) {
+    return v.size() < 2 ? std::vector<double>() : std::vector<double>(v.begin() + 1, v.end());
 }
 
 /// Seconds of `reps` M=N=K=n products through the trainer's matmul path (median).
@@ -63,27 +94,75 @@ double time_sgemm(int n, int reps) {
 }
 
 int sgemm_n() { return spillway::bench::smoke() ? 256 : 2048; }
-
-void sgemm_limit(benchmark::State& state) {
+double sgemm_flops_per_s() {
     const int n = sgemm_n();
-    for (auto _ : state) {
-        double s = time_sgemm(n, 3);
-        state.SetIterationTime(s);
-        sgemm_flops_per_s = 2.0 * n * n * static_cast<double>(n) / s;
-    }
-    state.counters["flops_per_s"] = sgemm_flops_per_s;
+    return 2.0 * n * n * static_cast<double>(n) / time_sgemm(n, 3);
 }
 
-void train_step(benchmark::State& state, bool gpt2_124m, mini_gpt::offload_mode mode) {
+void sgemm_limit(benchmark::State& state) {
+    double flops = 0;
+    for (auto _ : state) {
+        const int n = sgemm_n();
+        double s = time_sgemm(n, 3);
+        state.SetIterationTime(s);
+        flops = 2.0 * n * n * static_cast<double>(n) / s;
+    }
+    state.counters["flops_per_s"] = flops;
+}
+
+// ---- The offload path's bandwidth ------------------------------------------------------------
+
+double path_write_bps = 0, path_read_bps = 0;  // set by the path_bandwidth row
+
+void path_bandwidth(benchmark::State& state) {
+    const std::size_t blob = std::size_t{32} << 20, count = spillway::bench::smoke() ? 2 : 8;
+    auto dir = spillway::bench::scratch_dir() / "mini_gpt-bandwidth";
+    std::filesystem::create_directories(dir);
+    for (auto _ : state) {
+        spillway::file_tier<> tier(dir);
+        std::vector<spillway::aligned_buffer> bufs;
+        for (std::size_t i = 0; i < count; ++i) {
+            bufs.emplace_back(blob);
+            std::fill(bufs.back().as<float>().begin(), bufs.back().as<float>().end(), static_cast<float>(i));
+        }
+        auto timed = [&](auto&& issue) {
+            auto t0 = std::chrono::steady_clock::now();
+            std::vector<spillway::io_completion> done;
+            for (std::size_t i = 0; i < count; ++i) done.push_back(issue("blob" + std::to_string(i), bufs[i]));
+            for (auto& d : done) d.wait();
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        };
+        double w = timed([&](const std::string& k, spillway::aligned_buffer& b) { return tier.write(k, b.bytes()); });
+        double r = timed([&](const std::string& k, spillway::aligned_buffer& b) { return tier.read(k, b.bytes()); });
+        for (std::size_t i = 0; i < count; ++i) tier.erase("blob" + std::to_string(i));
+        state.SetIterationTime(w + r);
+        path_write_bps = static_cast<double>(blob * count) / w;
+        path_read_bps = static_cast<double>(blob * count) / r;
+    }
+    std::filesystem::remove_all(dir);
+    state.counters["write_bytes_per_s"] = path_write_bps;
+    state.counters["read_bytes_per_s"] = path_read_bps;
+}
+
+// ---- Training runs -------------------------------------------------------------------------
+
+/// One run for the side file.
+struct series_run {
+    std::string config, offload;
+    int ranks = 1;
+    std::vector<double> loss, step_ms;
+    std::size_t act_peak_bytes = 0;
+};
+std::vector<series_run> series;
+std::map<std::string, double> none_step_ms;  // "<config>/ranks:<P>" -> the none row's median step
+
+mini_gpt::options run_options(bool gpt2_124m, offload_mode mode) {
     mini_gpt::options o;
     o.threads = bench_threads();
     o.quiet = true;
     o.offload = mode;
     o.paths = {spillway::bench::scratch_dir() / "mini_gpt"};
-    // Offload every layer's activations: the row measures the memory the stash saves and what
-    // its I/O costs (the adaptive rule's choice depends on the bandwidth it measures on a
-    // shared machine).
-    o.act_split = 1 << 30;
+    o.act_split = 1 << 30;  // every layer's activations to the tier (see the file comment)
     if (gpt2_124m) {
         o.layers = 12;
         o.channels = 768;
@@ -92,74 +171,206 @@ void train_step(benchmark::State& state, bool gpt2_124m, mini_gpt::offload_mode 
         o.max_seq = 1024;
         o.batch = 4;
         o.seq = 64;
-        o.steps = 4;
+        o.steps = 5;                        // one warm-up step and four measured ones
         o.subgroup = std::size_t{1} << 22;  // 4 Mi params (48 MiB of state) per subgroup
         o.buffers = 8;
     } else {
-        o.steps = spillway::bench::smoke() ? 2 : 12;
+        o.steps = spillway::bench::smoke() ? 3 : 100;  // long enough to show the loss fall
     }
-    mini_gpt::run_report rep;
+    return o;
+}
+
+/// The mini_gpt command line for `o` (the flags run_options sets).
+std::vector<std::string> command_line(const mini_gpt::options& o) {
+    auto s = [](auto v) { return std::to_string(v); };
+    return {"--json", "--threads", s(o.threads), "--layers", s(o.layers), "--channels", s(o.channels), "--heads",
+            s(o.heads), "--vocab", s(o.vocab), "--max-seq", s(o.max_seq), "--batch", s(o.batch), "--seq", s(o.seq),
+            "--steps", s(o.steps), "--subgroup", s(o.subgroup), "--buffers", s(o.buffers), "--offload",
+            offload_name(o.offload), "--act-split", "offload", "--path", o.paths.front().string()};
+}
+
+std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+/// Runs `o` on 2 MPI ranks (one thread each) and reads rank 0's JSON lines. Throws
+/// std::runtime_error naming the command when it fails.
+series_run run_two_ranks(mini_gpt::options o) {
+    o.threads = std::max(1, bench_threads() / 2);
+    std::string cmd = shell_quote(MINI_GPT_MPIEXEC) + " -np 2 --oversubscribe";
+    if (::geteuid() == 0) cmd += " --allow-run-as-root";
+    std::vector<std::string> args = command_line(o);
+    args.insert(args.begin(), MINI_GPT_EXE);
+    for (const auto& a : args) {
+        cmd += ' ';
+        cmd += shell_quote(a);
+    }
+    cmd += " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) throw std::runtime_error("cannot start: " + cmd);
+    std::string out;
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    int status = ::pclose(p);
+    if (status != 0) throw std::runtime_error("exit status " + std::to_string(status) + ": " + cmd + "\n" + out);
+    series_run r;
+    std::vector<double> peaks;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.empty() || line.front() != '{') continue;
+        auto j = nlohmann::json::parse(line);
+        r.loss.push_back(j.at("loss").get<double>());
+        r.step_ms.push_back(j.at("ms").get<double>());
+        peaks.push_back(j.at("act_peak_bytes").get<double>());
+    }
+    if (static_cast<int>(r.loss.size()) != o.steps)
+        throw std::runtime_error("expected " + std::to_string(o.steps) + " steps from: " + cmd + "\n" + out);
+    r.act_peak_bytes = static_cast<std::size_t>(median(after_first(peaks)));
+    return r;
+}
+
+void train_step(benchmark::State& state, bool gpt2_124m, offload_mode mode, int ranks) {
+    const mini_gpt::options o = run_options(gpt2_124m, mode);
+    const std::string config = gpt2_124m ? "gpt2_124M" : "default";
+    const std::string key = config + "/ranks:" + std::to_string(ranks);
     for (auto _ : state) {
-        std::ostringstream sink;
-        rep = {};
-        // The limit again, right before the run: the machines are shared, so a ratio is
-        // only meaningful against a limit measured under the same load.
-        const int n = sgemm_n();
-        double limit = 2.0 * n * n * static_cast<double>(n) / time_sgemm(n, 3);
-        mini_gpt::train(o, sink, &rep);
-        limit = std::max(limit, 2.0 * n * n * static_cast<double>(n) / time_sgemm(n, 3));
-        auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 1, v.end()); };
-        double step_s = median(tail(rep.step_ms)) / 1e3;
+        // The limit again, right before and after the run: the machines are shared, so a
+        // ratio is only meaningful against a limit measured under the same load.
+        double limit = sgemm_flops_per_s();
+        series_run run;
+        mini_gpt::run_report rep;
+        if (ranks == 1) {
+            std::ostringstream sink;
+            auto losses = mini_gpt::train(o, sink, &rep);
+            run.loss.assign(losses.begin(), losses.end());
+            run.step_ms = rep.step_ms;
+            run.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep.act_peak_bytes)));
+        } else {
+            try {
+                run = run_two_ranks(o);
+            } catch (const std::exception& e) {
+                state.SkipWithError(e.what());
+                return;
+            }
+        }
+        limit = std::max(limit, sgemm_flops_per_s());
+        run.config = config;
+        run.offload = offload_name(mode);
+        run.ranks = ranks;
+        const double step_s = median(after_first(run.step_ms)) / 1e3;
         state.SetIterationTime(step_s);
-        double flops = rep.flops_per_step / step_s;
+        // Model FLOPs per step: the global batch's tokens (the same for 1 and 2 ranks).
+        mini_gpt::gpt2_config c;
+        c.num_layers = o.layers;
+        c.channels = o.channels;
+        c.padded_vocab_size = (o.vocab + 63) / 64 * 64;
+        const double flops = mini_gpt::flops_per_token(c, o.seq) * o.batch * o.seq / step_s;
         state.counters["ms_per_step"] = step_s * 1e3;
         state.counters["model_flops_per_s"] = flops;
         state.counters["sgemm_flops_per_s"] = limit;
         state.counters["vs_limit"] = flops / limit;
-        // CPU seconds per step over the threads: the step time an idle machine would give if
-        // the threads were perfectly busy (a lower bound; the shared machine's load hides it).
-        double cpu_s = median(tail(rep.cpu_ms)) / 1e3;
-        state.counters["cpu_ms_per_step"] = cpu_s * 1e3;
-        state.counters["cpu_per_thread_ms"] = cpu_s * 1e3 / o.threads;
-        if (gpt2_124m) state.counters["speedup_vs_llmc_cpu"] = 2.9 / (cpu_s / o.threads);
-        state.counters["update_ms"] = median(tail(rep.update_ms));
-        state.counters["io_wait_ms"] = median(tail(rep.io_wait_ms));
-        std::vector<double> peaks(rep.act_peak_bytes.begin() + 1, rep.act_peak_bytes.end());
-        state.counters["act_peak_bytes"] = median(peaks);
-        state.counters["act_peak_vs_all_kept"] = median(peaks) / static_cast<double>(rep.all_kept_bytes);
         state.counters["tokens_per_s"] = o.batch * o.seq / step_s;
+        state.counters["act_peak_bytes"] = static_cast<double>(run.act_peak_bytes);
+        state.counters["loss_first"] = run.loss.front();
+        state.counters["loss_last"] = run.loss.back();
         if (gpt2_124m) state.counters["speedup_vs_llmc"] = 2.9 / step_s;
+        if (ranks == 1) {
+            state.counters["act_peak_vs_all_kept"] =
+                static_cast<double>(run.act_peak_bytes) / static_cast<double>(rep.all_kept_bytes);
+            state.counters["cpu_ms_per_step"] = median(after_first(rep.cpu_ms));
+            state.counters["update_ms"] = median(after_first(rep.update_ms));
+            state.counters["io_wait_ms"] = median(after_first(rep.io_wait_ms));
+        }
+        if (mode == offload_mode::none) none_step_ms[key] = step_s * 1e3;
+        else if (none_step_ms.count(key)) state.counters["vs_none"] = step_s * 1e3 / none_step_ms[key];
+        if ((mode == offload_mode::optimizer || mode == offload_mode::all) && path_read_bps > 0 && ranks == 1) {
+            // fp32 params, m and v of every parameter, read and written once per step.
+            const double state_bytes = 12.0 * static_cast<double>(rep.params);
+            const double floor_ms = (state_bytes / path_read_bps + state_bytes / path_write_bps) * 1e3;
+            state.counters["opt_io_floor_ms"] = floor_ms;
+            if (none_step_ms.count(key)) state.counters["bandwidth_suffices"] = floor_ms <= none_step_ms[key] ? 1 : 0;
+        }
+        series.push_back(std::move(run));
     }
 }
 
 void register_all() {
-    benchmark::RegisterBenchmark("sgemm_limit", sgemm_limit)->UseManualTime()->Iterations(spillway::bench::smoke() ? 2 : 5)->Unit(benchmark::kMillisecond);
-    using mini_gpt::offload_mode;
+    const bool smoke = spillway::bench::smoke();
+    benchmark::RegisterBenchmark("sgemm_limit", sgemm_limit)->UseManualTime()->Iterations(smoke ? 2 : 5)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("path_bandwidth", path_bandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
     struct row {
-        const char* name;
         bool big;
         offload_mode mode;
+        int ranks;
     };
-    std::vector<row> rows = {{"step/demo/none", false, offload_mode::none}, {"step/demo/all", false, offload_mode::all}};
-    if (!spillway::bench::smoke()) {
-        rows.push_back({"step/gpt2_124m/none", true, offload_mode::none});
-        rows.push_back({"step/gpt2_124m/all", true, offload_mode::all});
+    const offload_mode modes[] = {offload_mode::none, offload_mode::optimizer, offload_mode::activations, offload_mode::all};
+    std::vector<row> rows;
+    for (offload_mode m : modes) rows.push_back({false, m, 1});
+    rows.push_back({false, offload_mode::none, 2});
+    rows.push_back({false, offload_mode::all, 2});
+    if (!smoke) {
+        for (int ranks : {1, 2}) {
+            rows.push_back({true, offload_mode::none, ranks});
+            rows.push_back({true, offload_mode::all, ranks});
+        }
     }
     for (const auto& r : rows) {
-        benchmark::RegisterBenchmark(r.name, [r](benchmark::State& s) { train_step(s, r.big, r.mode); })
+        std::string name = std::string("step/") + (r.big ? "gpt2_124M/" : "default/") + offload_name(r.mode) +
+                           "/ranks:" + std::to_string(r.ranks);
+        benchmark::RegisterBenchmark(name.c_str(), [r](benchmark::State& s) { train_step(s, r.big, r.mode, r.ranks); })
             ->UseManualTime()
             ->Iterations(1)
             ->Unit(benchmark::kMillisecond);
     }
 }
 
+/// "<cpu model>, <n> cores" from /proc/cpuinfo.
+std::string machine() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string model = "unknown CPU";
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("model name", 0) != 0) continue;
+        auto colon = line.find(':');
+        if (colon != std::string::npos && colon + 2 <= line.size()) model = line.substr(colon + 2);
+        break;
+    }
+    return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
+}
+
+/// Writes the side file beside --benchmark_out (read from argv before Initialize removes it).
+void write_series(const std::filesystem::path& path) {
+    std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    nlohmann::json doc = {{"machine", machine()}, {"date", date}, {"runs", nlohmann::json::array()}};
+    for (const auto& r : series)
+        doc["runs"].push_back({{"config", r.config}, {"offload", r.offload}, {"ranks", r.ranks}, {"loss", r.loss},
+                               {"step_ms", r.step_ms}, {"act_peak_bytes", r.act_peak_bytes}});
+    std::ofstream(path) << doc.dump(1) << "\n";
+}
+
+std::filesystem::path series_path(int argc, char** argv) {
+    const std::string flag = "--benchmark_out=";
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a.rfind(flag, 0) == 0) return std::filesystem::path(a.substr(flag.size())).parent_path() / "mini_gpt_series.json";
+    }
+    return "mini_gpt_series.json";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    const auto side_file = series_path(argc, argv);
     register_all();
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
+    write_series(side_file);
     return 0;
 }
 

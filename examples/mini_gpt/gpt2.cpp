@@ -211,6 +211,8 @@ void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* d
     }, 4);
     // 2. dweight and dbias, channel by channel (each summed over rows by one thread).
     parallel_blocks(pool, sz(C), 16, [&](std::size_t c0, std::size_t c1) {
+        std::fill(dweight + c0, dweight + c1, 0.0f);
+        std::fill(dbias + c0, dbias + c1, 0.0f);
         for (std::size_t r = 0; r < sz(N); ++r) {
             const float* x = inp + r * sz(C);
             const float* d = dout + r * sz(C);
@@ -259,11 +261,12 @@ void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbia
                         weight + c0, C, 0.0f, dinp + c0, C);
         });
     }
-    // 2. dweight (OC,C) += dout^T (OC,N) @ inp (N,C), and dbias (OC) += column sums of dout.
+    // 2. dweight (OC,C) = dout^T (OC,N) @ inp (N,C), and dbias (OC) = column sums of dout.
     parallel_blocks(pool, sz(OC), 64, [&](std::size_t o0, std::size_t o1) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(o1 - o0), C, N, 1.0f, dout + o0, OC,
-                    inp, C, 1.0f, dweight + o0 * sz(C), C);
+                    inp, C, 0.0f, dweight + o0 * sz(C), C);
         if (dbias) {
+            std::fill(dbias + o0, dbias + o1, 0.0f);
             for (std::size_t n = 0; n < sz(N); ++n) {
                 const float* d = dout + n * sz(OC);
                 for (std::size_t o = o0; o < o1; ++o) dbias[o] += d[o];
@@ -476,12 +479,6 @@ std::size_t gpt2::fixed_activation_bytes() const noexcept {
            sizeof(float);
 }
 
-void gpt2::zero_grad() {
-    parallel_blocks(pool_, grads_.size(), 1 << 16, [&](std::size_t i0, std::size_t i1) {
-        std::fill(grads_.begin() + static_cast<std::ptrdiff_t>(i0), grads_.begin() + static_cast<std::ptrdiff_t>(i1), 0.0f);
-    });
-}
-
 float gpt2::forward(const int* inputs, const int* targets, int B, int T, activation_store& store) {
     auto t0 = clock_type::now();
     reserve(B, T);
@@ -548,28 +545,41 @@ void gpt2::backward(float loss_scale, activation_store& store) {
     std::fill(dresidual_.begin(), dresidual_.end(), 0.0f);
     layernorm_backward(pool_, dres, g.lnfw, g.lnfb, dln_.data(), need(L - 1).residual3, p.lnfw, lnf_mean_.data(),
                        lnf_rstd_.data(), BT, C);
+    store.done_with(L - 1, layer_acts::residual3_i);
     for (int l = L - 1; l >= 0; --l) {
         std::size_t ls = sz(l);
         layer_acts a = need(l);
         const float* residual = a.inp;
         // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))): dres is d residual3.
+        // Each tensor is given back (done_with) after the last kernel that reads it.
         matmul_backward(pool_, dfch_.data(), g.fcprojw + ls * Cs * 4 * Cs, g.fcprojb + ls * Cs, dres, a.fch_gelu,
                         p.fcprojw + ls * Cs * 4 * Cs, BT, 4 * C, C);
+        store.done_with(l, layer_acts::fch_gelu_i);
         gelu_backward(pool_, dfch_.data(), a.fch, dfch_.data(), sz(BT) * 4 * Cs);
+        store.done_with(l, layer_acts::fch_i);
         matmul_backward(pool_, dln_.data(), g.fcw + ls * 4 * Cs * Cs, g.fcb + ls * 4 * Cs, dfch_.data(), a.ln2,
                         p.fcw + ls * 4 * Cs * Cs, BT, C, 4 * C);
+        store.done_with(l, layer_acts::ln2_i);
         layernorm_backward(pool_, dres, g.ln2w + ls * Cs, g.ln2b + ls * Cs, dln_.data(), a.residual2,
                            p.ln2w + ls * Cs, a.ln2_mean, a.ln2_rstd, BT, C);
+        store.done_with(l, layer_acts::residual2_i);
         // dres is now d residual2; residual2 = residual + attproj(attention(qkv(ln1(residual)))).
         matmul_backward(pool_, dscratch_.data(), g.attprojw + ls * Cs * Cs, g.attprojb + ls * Cs, dres, a.atty,
                         p.attprojw + ls * Cs * Cs, BT, C, C);
+        store.done_with(l, layer_acts::atty_i);
         attention_backward(pool_, dqkv_.data(), datt_.data(), dscratch_.data(), a.qkv, a.att, B, T, C, NH);
+        store.done_with(l, layer_acts::att_i);
+        store.done_with(l, layer_acts::qkv_i);
         matmul_backward(pool_, dln_.data(), g.qkvw + ls * 3 * Cs * Cs, g.qkvb + ls * 3 * Cs, dqkv_.data(), a.ln1,
                         p.qkvw + ls * 3 * Cs * Cs, BT, C, 3 * C);
+        store.done_with(l, layer_acts::ln1_i);
         layernorm_backward(pool_, dres, g.ln1w + ls * Cs, g.ln1b + ls * Cs, dln_.data(), residual, p.ln1w + ls * Cs,
                            a.ln1_mean, a.ln1_rstd, BT, C);
         store.backward_done(l);  // dres is now d residual (the layer's input)
     }
+    // The LM head's matmul_backward wrote g.wte; the embeddings add their part. Rows of wpe
+    // past T get no gradient, so g.wpe starts from zero.
+    std::fill(g.wpe, g.wpe + layout_.sizes[1], 0.0f);
     encoder_backward(pool_, g.wte, g.wpe, dres, inputs_.data(), B, T, C);
     times_.backward_ms = ms_since(t0);
     times_.act_wait_ms = wait_ms;

@@ -83,6 +83,11 @@ struct layer_acts {
     float* fch_gelu = nullptr;   // (B,T,4C)
     float* residual3 = nullptr;  // (B,T,C) the layer's output
     static constexpr int num_tensors = 13;  // ln1 .. residual3, in this order
+    /// Index of each owned tensor in tensors() (and tensor_floats()).
+    enum tensor_index : int {
+        ln1_i, ln1_mean_i, ln1_rstd_i, qkv_i, att_i, atty_i, residual2_i, ln2_i, ln2_mean_i, ln2_rstd_i, fch_i,
+        fch_gelu_i, residual3_i
+    };
     /// Pointers to the 13 owned tensors, in declaration order.
     [[nodiscard]] std::array<float**, num_tensors> tensors() noexcept {
         return {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch,
@@ -105,7 +110,9 @@ struct layer_acts {
 ///     tensor of layer l except its output residual3, which the next layer still reads);
 ///     after the final LayerNorm has read the last output, `forward_end()`.
 ///  2. backward, l = L-1..0: `need(l)` returns layer l's tensors with their contents (it may be
-///     called more than once per layer); after layer l's backward, `backward_done(l)`.
+///     called more than once per layer); `done_with(l, i)` says that layer l's backward reads
+///     tensor i no more (the store may free it early, making room to prefetch layer l-1);
+///     after layer l's backward, `backward_done(l)`.
 class activation_store {
 public:
     virtual ~activation_store() = default;
@@ -113,6 +120,7 @@ public:
     virtual void forward_done(int layer) = 0;
     virtual void forward_end() = 0;
     virtual layer_acts need(int layer) = 0;
+    virtual void done_with(int layer, layer_acts::tensor_index tensor) = 0;
     virtual void backward_done(int layer) = 0;
     /// Bytes of layer activations resident at the peak of the last step.
     [[nodiscard]] virtual std::size_t peak_bytes() const = 0;
@@ -129,6 +137,7 @@ public:
     void forward_done(int) override {}
     void forward_end() override {}
     layer_acts need(int layer) override { return acts_[static_cast<std::size_t>(layer)]; }
+    void done_with(int, layer_acts::tensor_index) override {}
     void backward_done(int) override {}
     [[nodiscard]] std::size_t peak_bytes() const override { return bytes_; }
     void reset_peak() override {}
@@ -161,11 +170,9 @@ public:
     /// reserve(); T <= max_seq_len.
     float forward(const int* inputs, const int* targets, int B, int T, activation_store& store);
 
-    /// Backward of the last forward: grads = d(loss * loss_scale)/d(params), accumulated
-    /// onto the gradient block (call zero_grad() first).
+    /// Backward of the last forward: grads = d(loss * loss_scale)/d(params). Every gradient
+    /// is overwritten (each is written once per step, so no zeroing pass is needed).
     void backward(float loss_scale, activation_store& store);
-
-    void zero_grad();
 
     /// Allocates the activation scratch outside the layer blocks for batch B, time T.
     void reserve(int B, int T);
@@ -211,13 +218,14 @@ void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* 
 // out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C)
 void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
-// dinp (N,C) +=, dweight (C) +=, dbias (C) +=
+// dinp (N,C) +=, dweight (C) =, dbias (C) = (overwritten)
 void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C);
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be null
 void matmul_forward(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC);
-// dinp (N,C) = dout (N,OC) @ weight (OC,C) (overwritten), dweight (OC,C) +=, dbias (OC) += (may be null)
+// dinp (N,C) = dout (N,OC) @ weight (OC,C), dweight (OC,C) = dout^T @ inp, dbias (OC) = column sums of
+// dout (may be null); all three overwritten
 void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC);
 // out (B,T,C), att (B,NH,T,T) from qkv (B,T,3C): causal softmax(q k^T / sqrt(hs)) v

@@ -123,6 +123,7 @@ public:
         read_ += st.bytes_read;
         written_ += st.bytes_written;
         resident_hits_ += st.served_from_resident;
+        prefetch_hits_ += st.served_from_prefetch;
         subgroups_ += pipe_->subgroup_count();
         for (const auto& c : st.children) {
             auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& x) { return x.name == c.name; });
@@ -133,6 +134,7 @@ public:
             }
         }
     }
+    void prefetch() override { prefetched_ += pipe_->begin_prefetch(); }
     void save(const std::filesystem::path& dir) override { pipe_->save(dir / "optimizer"); }
     [[nodiscard]] double last_io_wait_ms() const override { return last_wait_ms_; }
     [[nodiscard]] std::string report() const override {
@@ -140,8 +142,9 @@ public:
         o << "  optimizer       update pipeline over " << dirs_.size() << " path(s), " << pipe_->subgroup_count()
           << " subgroups of " << s_.subgroup << " params, " << s_.buffers << " host buffers\n";
         o << "                  read " << human(static_cast<double>(read_)) << ", wrote "
-          << human(static_cast<double>(written_)) << "; " << resident_hits_ << " of " << subgroups_
-          << " subgroup visits served from the resident set\n";
+          << human(static_cast<double>(written_)) << "; of " << subgroups_ << " subgroup visits " << resident_hits_
+          << " were served from the resident set and " << prefetch_hits_ << " by the " << prefetched_
+          << " reads started during forward and backward\n";
         for (const auto& c : children_)
             o << "                  tier " << c.name << ": read " << human(static_cast<double>(c.bytes_read))
               << ", wrote " << human(static_cast<double>(c.bytes_written)) << "\n";
@@ -172,6 +175,7 @@ private:
     std::unique_ptr<pipeline> pipe_;
     double last_wait_ms_ = 0;
     std::uint64_t calls_ = 0, read_ = 0, written_ = 0, resident_hits_ = 0, subgroups_ = 0;
+    std::uint64_t prefetched_ = 0, prefetch_hits_ = 0;  // reads begin_prefetch() started; visits they served
     std::vector<spillway::child_io> children_;
 };
 
@@ -201,10 +205,12 @@ public:
         for (std::size_t b : bytes_)
             if (b < o.keep_below_bytes) small += b;
         // The budget is what makes offloading lower the peak whatever the disk's speed: a save
-        // that finds it full waits for writes. Default: two layers (the one backward works
-        // on and the one prefetched) plus every layer's kept statistics, and 1 MiB of slack.
+        // that finds it full waits for writes. Default: one layer plus every layer's kept
+        // statistics and 1 MiB of slack. Forward then holds at most two layers (the one it
+        // computes and the one being written); backward gives each tensor back after its last
+        // use (done_with), and the room it frees is where layer l-1 is prefetched.
         o.memory_budget = s.memory_budget > 0 ? s.memory_budget
-                                              : 2 * layer_bytes + small * static_cast<std::size_t>(c.num_layers) + (1 << 20);
+                                              : layer_bytes + small * static_cast<std::size_t>(c.num_layers) + (1 << 20);
         if (s.first_kept_layer < 0) {
             o.split = spillway::split_mode::adaptive;
         } else if (s.first_kept_layer >= c.num_layers) {
@@ -254,15 +260,16 @@ public:
                                "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
         // The previous layer's output is this layer's input (ln1's backward reads it); this
         // layer has read it, so it goes to the stash now, in this layer's scope.
-        if (layer > 0) st.handles.push_back(save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
+        if (layer > 0) st.add(input_slot, save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
         for (std::size_t i = 0; i < 12; ++i) {
             float* data = st.buffers[i].as<float>().data();
-            st.handles.push_back(save(layer, l, i, names[i], st.buffers[i]));
-            if (i == 4) {
+            const int slot = static_cast<int>(i);
+            st.add(slot, save(layer, l, i, names[i], st.buffers[i]));
+            if (i == layer_acts::att_i) {
                 // att @ v saves its input: the same tensor the softmax saved (a dedup hit; the
                 // bytes are not read again).
                 std::span<const std::byte> same(reinterpret_cast<const std::byte*>(data), bytes_[4]);
-                st.handles.push_back(stash_->save(desc(layer, l, 4, "att (att @ v input)"), same));
+                st.add(slot, stash_->save(desc(layer, l, 4, "att (att @ v input)"), same));
             }
         }
         sample();
@@ -271,7 +278,7 @@ public:
     void forward_end() override {
         // The final LayerNorm has read the last layer's output; its backward reads it again.
         const auto l = static_cast<std::size_t>(config_.num_layers - 1);
-        layers_[l].handles.push_back(save(config_.num_layers - 1, l, 12, "residual3", layers_[l].buffers[12]));
+        layers_[l].add(layer_acts::residual3_i, save(config_.num_layers - 1, l, 12, "residual3", layers_[l].buffers[12]));
         sample();
     }
 
@@ -298,6 +305,13 @@ public:
         st.loaded = true;
         sample();
         return a;
+    }
+
+    void done_with(int layer, layer_acts::tensor_index tensor) override {
+        auto& st = layers_[static_cast<std::size_t>(layer)];
+        for (std::size_t i = 0; i < st.handles.size(); ++i)
+            if (st.slots[i] == tensor && st.handles[i].valid()) stash_->release(st.handles[i]);
+        sample();
     }
 
     void backward_done(int layer) override {
@@ -335,8 +349,14 @@ private:
         layer_acts acts;
         std::array<spillway::aligned_buffer, layer_acts::num_tensors> buffers;
         std::vector<spillway::stash_handle> handles;
+        std::vector<int> slots;  // per handle: its layer_acts::tensor_index, or input_slot
         bool loaded = false;
+        void add(int slot, spillway::stash_handle&& h) {
+            handles.push_back(std::move(h));
+            slots.push_back(slot);
+        }
     };
+    static constexpr int input_slot = -1;  // the layer's input (the previous layer's residual3)
 
     spillway::tensor_desc desc(int scope, std::size_t owner, std::size_t tensor, const std::string& name) const {
         spillway::tensor_desc d;
@@ -359,6 +379,7 @@ private:
         for (auto& h : st.handles)
             if (h.valid()) stash_->release(h);
         st.handles.clear();
+        st.slots.clear();
         st.loaded = false;
         for (auto& b : st.buffers) {
             if (b.data()) {

@@ -55,6 +55,9 @@ public:
     virtual void load(const std::filesystem::path& dir, std::span<const float> params) = 0;
     /// AdamW step t (1-based) with gradients scaled by grad_scale; writes the updated params.
     virtual void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) = 0;
+    /// Starts reading the state the next step() needs, so that the reads overlap the forward
+    /// and backward passes that come first (they need no gradients). Results do not change.
+    virtual void prefetch() {}
     /// Saves the moments (and whatever else it needs) into `dir` (files fsynced).
     virtual void save(const std::filesystem::path& dir) = 0;
     /// Milliseconds the last step waited on storage.
@@ -77,7 +80,7 @@ struct store_settings {
     std::string key_prefix = "act";                 // distinct per process on shared paths
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
-    std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: two layers' worth
+    std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: one layer's worth
 };
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings);

@@ -74,15 +74,6 @@ const char* dtype_name(grad_dtype d) {
     }
     return "?";
 }
-const char* offload_name(offload_mode m) {
-    switch (m) {
-        case offload_mode::none: return "none";
-        case offload_mode::optimizer: return "optimizer";
-        case offload_mode::activations: return "activations";
-        case offload_mode::all: return "all";
-    }
-    return "?";
-}
 
 std::string human_bytes(double b) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -142,6 +133,17 @@ void fsync_dir(const std::filesystem::path& dir);
 
 // ---- Command line ---------------------------------------------------------------------------
 
+const char* offload_name(offload_mode m) {
+    switch (m) {
+        case offload_mode::none: return "none";
+        case offload_mode::optimizer: return "optimizer";
+        case offload_mode::activations: return "activations";
+        case offload_mode::all: return "all";
+    }
+    return "?";
+}
+
+
 std::string usage_text() {
     return R"(mini_gpt: train GPT-2 on the CPU with Spillway's offloading primitives.
 
@@ -159,7 +161,7 @@ Usage: mini_gpt [flags]
   --path DIR          a storage path for offloaded state (repeatable; default: a temp dir)
   --act-split S       which layers' activations stay in memory: adaptive (TBA's rule from a
                       profiling step; default), offload (none stay), or K (layers K.. stay)
-  --act-budget MiB    most bytes the activation stash holds (default: two layers' worth)
+  --act-budget MiB    most bytes the activation stash holds (default: one layer's worth)
   --subgroup N        parameters per optimizer subgroup (default 65536)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
@@ -488,10 +490,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         const double cpu0 = process_cpu_ms();
         fill_batch(tokens, step, B, T, row0, rows, inputs, targets);
         store->reset_peak();
+        // The optimizer state of the first subgroups the update visits does not depend on this
+        // step's gradients: an offloaded optimizer reads it while forward and backward compute.
+        optim->prefetch();
         auto tf = clock_type::now();
         float local_loss = model.forward(inputs.data(), targets.data(), rows, T, *store);
         auto tb = clock_type::now();
-        model.zero_grad();
         // Each rank's loss is the mean over its rows: weighted by rows/B, the gradients summed
         // over the ranks are those of the global mean.
         model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), *store);

@@ -26,6 +26,9 @@ namespace mini_gpt {
 
 enum class offload_mode { none, optimizer, activations, all };
 
+/// The --offload spelling of `m` ("none", "optimizer", "activations", "all").
+const char* offload_name(offload_mode m);
+
 struct options {
     std::filesystem::path model;       // --model FILE (llm.c checkpoint); empty: default config
     std::filesystem::path data;        // --data FILE (llm.c tokens); empty: built-in corpus
@@ -41,7 +44,7 @@ struct options {
     offload_mode offload = offload_mode::none;  // --offload none|optimizer|activations|all
     std::vector<std::filesystem::path> paths;   // --path DIR (repeatable); default: a temp dir
     int act_split = -1;                // --act-split adaptive (-1) | offload (every layer) | K
-    std::size_t act_budget_mib = 0;    // --act-budget MiB for the stash (0: two layers' worth)
+    std::size_t act_budget_mib = 0;    // --act-budget MiB for the stash (0: one layer's worth)
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
     int buffers = 6;                   // --buffers N: host buffers of the update pipeline
     std::filesystem::path save_dir;    // --save DIR

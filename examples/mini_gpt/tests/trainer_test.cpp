@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "corpus.hpp"
+#include "gpt2.hpp"
 #include "llmc_format.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
@@ -43,16 +44,6 @@ std::vector<char> file_bytes(const std::filesystem::path& p) {
     return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-const char* mode_name(offload_mode m) {
-    switch (m) {
-        case offload_mode::none: return "none";
-        case offload_mode::optimizer: return "optimizer";
-        case offload_mode::activations: return "activations";
-        case offload_mode::all: return "all";
-    }
-    return "?";
-}
-
 }  // namespace
 
 TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
@@ -68,7 +59,7 @@ TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
             o.save_model = dir.path() / "model.bin";
             auto losses = run(o);
             auto model = file_bytes(o.save_model);
-            INFO("grad dtype " << static_cast<int>(g) << ", offload " << mode_name(m));
+            INFO("grad dtype " << static_cast<int>(g) << ", offload " << offload_name(m));
             REQUIRE(losses.size() == 4);
             if (m == offload_mode::none) {
                 ref_losses = losses;
@@ -106,6 +97,38 @@ TEST_CASE("every --act-split choice gives the same bits") {
     }
 }
 
+TEST_CASE("offloading every layer keeps at most the computed layer and one more resident") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 6;
+    o.channels = 64;
+    o.seq = 32;
+    o.max_seq = 32;
+    o.batch = 8;
+    o.steps = 3;
+    o.offload = offload_mode::activations;
+    o.act_split = 1 << 30;
+    std::ostringstream out;
+    run_report rep;
+    train(o, out, &rep);
+    gpt2_config c;
+    c.num_layers = o.layers;
+    c.channels = o.channels;
+    c.num_heads = o.heads;
+    c.max_seq_len = o.max_seq;
+    const std::size_t layer = layer_acts::floats(c, o.batch, o.seq) * sizeof(float);
+    const std::size_t fixed = rep.all_kept_bytes - layer * static_cast<std::size_t>(o.layers);
+    // The stash's default budget (one layer, the kept LayerNorm statistics, 1 MiB of slack)
+    // plus the layer forward computes into, and each tensor's buffer rounded up to 4 KiB.
+    const std::size_t stats = 4 * static_cast<std::size_t>(o.batch * o.seq) * sizeof(float) * static_cast<std::size_t>(o.layers);
+    const std::size_t bound = fixed + 2 * layer + stats + (1 << 20) + 2 * layer_acts::num_tensors * 4096;
+    REQUIRE(rep.act_peak_bytes.size() == 3);
+    for (std::size_t peak : rep.act_peak_bytes) {
+        CHECK(peak <= bound);
+        CHECK(static_cast<double>(peak) < 0.55 * static_cast<double>(rep.all_kept_bytes));
+    }
+}
+
 TEST_CASE("grad dtypes differ from each other (the narrowing is real)") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
@@ -120,7 +143,7 @@ TEST_CASE("grad dtypes differ from each other (the narrowing is real)") {
 TEST_CASE("save and resume continue with exactly the uninterrupted losses") {
     for (offload_mode m : {offload_mode::none, offload_mode::all}) {
         for (grad_dtype g : {grad_dtype::fp32, grad_dtype::fp16}) {
-            INFO("offload " << mode_name(m) << ", grad dtype " << static_cast<int>(g));
+            INFO("offload " << offload_name(m) << ", grad dtype " << static_cast<int>(g));
             spillway::test::temp_dir dir("mini_gpt");
             options o = tiny(dir.path());
             o.offload = m;
