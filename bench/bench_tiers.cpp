@@ -107,10 +107,13 @@ void fill_random(std::span<std::byte> bytes) {
     }
 }
 
-/// The blob size of a file tier row: enough pieces to keep qd in flight, within 128..512 MiB.
+/// The blob size of a file tier row: 8 x qd pieces, within 128..512 MiB. Every operation
+/// waits for its blob, so the queue drains at the end of each blob (and so does fio's
+/// io_uring job at the end of each pass, but fio's psync jobs never wait for each other):
+/// with 8 waves of qd pieces per blob the drain is a small part of the time.
 std::size_t file_blob_size(std::size_t bs, unsigned qd) {
     if (bench::smoke()) return std::max(bs, 4 * MiB);
-    std::size_t s = std::clamp<std::size_t>(bs * qd * 4, 128 * MiB, 512 * MiB);
+    std::size_t s = std::clamp<std::size_t>(bs * qd * 8, 128 * MiB, 512 * MiB);
     return (s + bs - 1) / bs * bs;
 }
 
