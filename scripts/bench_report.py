@@ -236,6 +236,15 @@ def fmt_cv(row: Row, key: str = "vs_limit") -> str:
     return "–" if c is None else f"{100 * c:.0f}%"
 
 
+def fmt_spread(row: Row) -> str:
+    """The spread of a row's vs_limit: its cv over repetitions, else the smallest and largest
+    of the row's own rounds (vs_limit_lo, vs_limit_hi), else '–'."""
+    if "vs_limit" in row.cv:
+        return "cv " + fmt_cv(row)
+    lo, hi = row.get("vs_limit_lo"), row.get("vs_limit_hi")
+    return f"{lo:.2f}–{hi:.2f}" if lo is not None and hi is not None else "–"
+
+
 def gb(x: float | None) -> float | None:
     return None if x is None else x / 1e9
 
@@ -435,19 +444,19 @@ def render_tiers(rep: BenchReport, ctx: Context) -> SectionOutput:
         out.append(f"**Goal cells** (1 MiB and 8 MiB blocks, queue depth ≥ 8): {met} of "
                    f"{len(with_ratio)} reach `vs_limit` ≥ {TIERS_GOAL}.\n")
         body = [[op, eng, block_text(kib), str(qd), fmt(gb(r.get("bytes_per_second"))),
-                 fmt(gb(r.get("fio_bytes_per_second"))), fmt(r.get("vs_limit")), fmt_cv(r),
+                 fmt(gb(r.get("fio_bytes_per_second"))), fmt(r.get("vs_limit")), fmt_spread(r),
                  verdict(at_least(r.get("vs_limit"), TIERS_GOAL))]
                 for op, eng, kib, qd, r in goal_cells]
-        out.append(md_table(["op", "engine", "block", "qd", "ours GB/s", "fio GB/s", "vs_limit", "cv", "goal"],
+        out.append(md_table(["op", "engine", "block", "qd", "ours GB/s", "fio GB/s", "vs_limit", "spread", "goal"],
                             body, numeric_from=2))
     if file_rows:
         out.append(figure_tier_heatmaps(file_rows, rep, ctx))
         out.append(figure_tier_bandwidth(file_rows, rep, ctx))
         body = [[op, eng, block_text(kib), str(qd), fmt(gb(r.get("bytes_per_second"))),
-                 fmt(gb(r.get("fio_bytes_per_second"))), fmt(r.get("vs_limit")), fmt_cv(r)]
+                 fmt(gb(r.get("fio_bytes_per_second"))), fmt(r.get("vs_limit")), fmt_spread(r)]
                 for op, eng, kib, qd, r in file_rows]
         out.append(details(f"All file tier rows ({len(file_rows)})",
-                           md_table(["op", "engine", "block", "qd", "ours GB/s", "fio GB/s", "vs_limit", "cv"],
+                           md_table(["op", "engine", "block", "qd", "ours GB/s", "fio GB/s", "vs_limit", "spread"],
                                     body, numeric_from=2)))
     if host_rows:
         body = [[op, block_text(kib), fmt(gb(r.get("bytes_per_second"))),
@@ -750,8 +759,8 @@ def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
                        f"{fmt(gb(shm))} GB/s; optimizer state {fmt(first.get('state_GiB'), 3)} GiB, host buffers "
                        f"{fmt(first.get('buffer_GiB'), 2)} GiB.\n")
         full_key, full = rows[-1]
-        out.append("**Next to MLP-Offload's published table** (" + MLP_OFFLOAD_PUBLISHED["source"] + "):\n\n" +
-                   comparison_table(rows))
+        out.append("**Next to MLP-Offload's published table.** Source: " + MLP_OFFLOAD_PUBLISHED["source"] +
+                   ".\n\n" + comparison_table(rows))
         out.append(figure_update(rows, rep, ctx))
         sp, vs = full.get("speedup"), full.get("vs_limit")
         heads.append(Headline(f"Update phase, full configuration ({_UPDATE_NAMES.get(full_key, full_key)})",
@@ -788,6 +797,8 @@ def comparison_table(rows) -> str:
                   if base.get("read_wait_s") is not None and base.get("update_s") else None)
     lines.append(["baseline update time waiting for reads", f"{100 * rw / up:.0f}% (52B: {rw:.0f} of {up:.0f} s)",
                   fmt(100 * base_share if base_share is not None else None, 0, "%")])
+    lo, hi = pub["iteration_speedup"]
+    lines.append(["iteration speedup", f"{lo:.2f}-{hi:.2f}x", "not measured (the update phase alone)"])
     lo, hi = pub["backward_speedup"]
     lines.append(["backward: fp32 gradient hand-over", f"removed (backward {lo:.0f}-{hi:.0f}x faster)",
                   f"{fmt(base.get('handover_s'))} s in the baseline, {fmt(full.get('handover_s'))} s in the full row"])
