@@ -1134,8 +1134,8 @@ def render_cuda(rep: BenchReport, ctx: Context) -> SectionOutput:
 
 SECTIONS = [
     Section("tiers", "Storage tiers: the file tier against fio", "bench/bench_tiers.cpp",
-            "scripts/dev bench tiers --full --benchmark_repetitions=3 --benchmark_report_aggregates_only=true",
-            render_tiers, "File tier against fio"),
+            "scripts/dev bench tiers", render_tiers, "File tier against fio",
+            "add `--full` for every block size from 128 KiB to 64 MiB and queue depth from 1 to 64"),
     Section("virtual_tier", "The virtual tier against the sum of its paths", "bench/bench_virtual_tier.cpp",
             "scripts/dev bench virtual_tier --benchmark_repetitions=5 --benchmark_report_aggregates_only=true",
             render_virtual_tier, "Virtual tier against the sum of its paths"),
