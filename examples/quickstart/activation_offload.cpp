@@ -19,7 +19,7 @@ using quickstart::expect;
 
 namespace {
 
-constexpr std::size_t layers = 8, width = 256, batch = 16;
+constexpr std::size_t layers = 8, width = 128, batch = 16;
 constexpr std::size_t act_floats = batch * width;
 constexpr std::size_t act_bytes = act_floats * sizeof(float);
 

@@ -18,7 +18,7 @@ using quickstart::expect;
 
 namespace {
 
-constexpr int steps = 12;
+constexpr int steps = 6;
 const spillway::adamw_config adam{.lr = 1e-2f, .weight_decay = 0.01f};
 
 }  // namespace
