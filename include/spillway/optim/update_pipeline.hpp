@@ -68,7 +68,7 @@
 //
 // I/O: every state read and write is a job of pieces in a scheduler (optim/detail/
 // pipeline_io.hpp) that keeps at most pipeline_config::pieces_in_flight pieces per
-// direction and per path in the tier, reads and writes taking turns, so that an in-order tier (a file
+// direction in the tier (no limit for a virtual tier, which interleaves per child itself), reads and writes taking turns, so that an in-order tier (a file
 // tier's ring) always holds both and the device works at its mixed bandwidth. The pipeline
 // tops the windows up at every step above, between chunks of the Adam step (about one piece
 // each) and while it waits (on the earliest-issued piece). A write commits its step only
@@ -155,9 +155,11 @@ struct pipeline_config {
     /// ceil(12 * elements / piece_bytes) tier keys and moved piece by piece. The default is
     /// half of a file tier's default ring (32 x 1 MiB), which then holds a read and a write.
     std::size_t piece_bytes = std::size_t{16} << 20;
-    /// Pieces each direction may have in the tier at once, per path (> 0; a tier with
-    /// children, i.e. a virtual tier, gets this many per child): reads and writes take turns
-    /// within their own window, so the tier always holds some of both.
+    /// Pieces each direction may have in the tier at once (> 0): reads and writes take turns
+    /// within their own window, so the tier always holds some of both. A tier with children
+    /// (a virtual tier) gets no window: it runs one read and one write per child at a time
+    /// itself, and a window over children of different speeds would fill up with pieces of
+    /// the slow one while the fast one idles.
     std::size_t pieces_in_flight = 2;
 };
 
@@ -570,10 +572,9 @@ private:
         if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
         bufs_.resize(cfg_.host_buffers);
         for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock);
-        std::size_t paths = 1;
-        if constexpr (tier_with_children<Tier>)
-            paths = std::max<std::size_t>(1, static_cast<std::size_t>(std::ranges::distance(tier_.report())));
-        io_ = std::make_unique<detail::piece_io<Tier>>(tier_, bufs_.size(), cfg_.pieces_in_flight * paths);
+        const std::size_t window =
+            tier_with_children<Tier> ? std::numeric_limits<std::size_t>::max() : cfg_.pieces_in_flight;
+        io_ = std::make_unique<detail::piece_io<Tier>>(tier_, bufs_.size(), window);
         tier_version_.assign(n_, 0);
         resident_of_.assign(n_, -1);
         prefetch_of_.assign(n_, -1);
