@@ -17,8 +17,8 @@ inline std::vector<std::byte> random_bytes(std::size_t nbytes, std::uint64_t see
         std::uint64_t w = rng();
         for (int b = 0; b < 8; ++b) out[i + b] = static_cast<std::byte>(w >> (8 * b));
     }
-    std::uint64_t w = rng();
-    for (int b = 0; i < nbytes; ++i, ++b) out[i] = static_cast<std::byte>(w >> (8 * b));
+    // The tail (fewer than 8 bytes) takes the low bytes of one more draw.
+    for (std::uint64_t w = rng(); i < nbytes; ++i, w >>= 8) out[i] = static_cast<std::byte>(w & 0xffu);
     return out;
 }
 
