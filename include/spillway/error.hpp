@@ -65,6 +65,28 @@ inline std::string quoted(const std::string& s) { return quoted(std::string_view
 /// @copydoc quoted(std::string_view)
 inline std::string quoted(const char* s) { return quoted(std::string_view(s)); }
 
+/// The same error with `context` put in front of its message, for a layer that adds what it
+/// was doing (a subgroup, a path, a tensor) to an error from the layer below.
+/// std::system_error appends the errno's text to what() itself, so that text is taken off
+/// the inner message first and appears once, at the end, as in any other system_error.
+/// @param e       the error from the layer below (its code is kept)
+/// @param context e.g.\ `"subgroup 3 (read)"`; a ": " separates it from the inner message
+inline std::system_error with_context(const std::system_error& e, std::string_view context) {
+    std::string inner = e.what();
+    const std::string errno_text = e.code().message();
+    if (inner == errno_text) {
+        inner.clear();  // constructed without a message of its own
+    } else if (const std::string suffix = ": " + errno_text;
+               inner.size() >= suffix.size() &&
+               inner.compare(inner.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        inner.resize(inner.size() - suffix.size());
+    }
+    std::string message(context);
+    if (!message.empty() && !inner.empty()) message += ": ";
+    message += inner;
+    return std::system_error(e.code(), message);
+}
+
 /// Validates a key or file name supplied by a caller: non-empty, at most 255 bytes, no '/',
 /// no NUL, and not "." or "..", so that it can never escape the directory it is placed in.
 /// @param key  the caller's key

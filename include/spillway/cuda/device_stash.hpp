@@ -58,6 +58,7 @@
 #include "spillway/cuda/cuda_error.hpp"
 #include "spillway/cuda/device_tier.hpp"
 #include "spillway/cuda/staged_copy.hpp"
+#include "spillway/error.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/tensor_desc.hpp"
 
@@ -307,7 +308,7 @@ private:
             try {
                 copy_from_device(buffer.bytes(), e.source, side_, ring_);
             } catch (const std::system_error& err) {
-                throw std::system_error(err.code(), what + ": " + err.what());
+                throw spillway::with_context(err, what);
             }
             stash_handle h = host_.save(e.desc, std::move(buffer));
             std::lock_guard lock(mutex_);

@@ -1,0 +1,65 @@
+// tests/core/error_test.cpp: the error helpers every layer uses.
+#include <doctest/doctest.h>
+
+#include <cerrno>
+#include <string>
+#include <system_error>
+
+#include "spillway/error.hpp"
+
+namespace {
+
+std::system_error caught_system_error(int err) {
+    try {
+        spillway::throw_system_error(err, "pwrite", "'/data/sg-3': 4096 bytes");
+    } catch (const std::system_error& e) {
+        return e;
+    }
+    FAIL("throw_system_error did not throw");
+    return std::system_error(0, std::generic_category());
+}
+
+std::size_t occurrences(const std::string& text, const std::string& part) {
+    std::size_t n = 0;
+    for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("with_context puts the context first and the errno text once, at the end") {
+    const std::system_error inner = caught_system_error(ENOSPC);
+    const std::system_error outer = spillway::with_context(inner, "update_pipeline: write subgroup 3 failed");
+    const std::string what = outer.what();
+    CHECK(outer.code().value() == ENOSPC);
+    CHECK(outer.code().category() == std::generic_category());
+    CHECK(what.rfind("update_pipeline: write subgroup 3 failed: '/data/sg-3': 4096 bytes: pwrite failed", 0) == 0);
+    const std::string errno_text = std::generic_category().message(ENOSPC);
+    CHECK(occurrences(what, errno_text) == 1);
+    CHECK(what.size() >= errno_text.size());
+    CHECK(what.compare(what.size() - errno_text.size(), errno_text.size(), errno_text) == 0);
+
+    // Wrapped twice (two layers add context), the errno text still appears once.
+    const std::string twice = spillway::with_context(outer, "virtual_tier").what();
+    CHECK(twice.rfind("virtual_tier: update_pipeline: write subgroup 3", 0) == 0);
+    CHECK(occurrences(twice, errno_text) == 1);
+}
+
+TEST_CASE("with_context keeps an inner message that does not end with the errno text") {
+    const std::system_error inner(std::make_error_code(std::errc::io_error));
+    const std::string what = spillway::with_context(inner, "read 'k'").what();
+    CHECK(what.rfind("read 'k'", 0) == 0);
+    CHECK(occurrences(what, std::generic_category().message(EIO)) == 1);
+}
+
+TEST_CASE("validate_key refuses names that could escape their directory, naming the key") {
+    CHECK_NOTHROW(spillway::validate_key("subgroup-0"));
+    for (const char* bad : {"", ".", "..", "a/b", "../x"}) {
+        try {
+            spillway::validate_key(bad);
+            FAIL("accepted " << bad);
+        } catch (const std::invalid_argument& e) {
+            CHECK(std::string(e.what()).find(spillway::quoted(bad)) != std::string::npos);
+        }
+    }
+}
