@@ -1,69 +1,70 @@
-// spillway/stash/activation_stash.hpp: offload the tensors a trainer saves in forward for
-// backward to any storage_tier, and bring them back in reverse order before backward needs
-// them (TBA / SSDTrain as a primitive).
-//
-// What it guarantees:
-// - Round trips are exact: load() gives back the bytes save() was handed, or throws an error
-//   naming the tensor; it never returns wrong or partial data.
-// - Deduplication: saving a tensor whose identity (tensor_desc.hpp: storage id, version,
-//   dtype, shape, strides, offset) equals a live one stores it once and counts a reference.
-//   A transpose (other strides) is another tensor. Raw addresses are never a key.
-// - Forwarding: a tensor still in memory when backward (or prefetch) asks for it, because its
-//   write is queued or in flight, is served from memory without a read; a write that has not
-//   started by then is skipped.
-// - Adaptive keep: tensors under keep_below_bytes stay in memory; the layers at the end of
-//   forward whose I/O cannot be hidden stay in memory (split chosen by TBA's rule from a
-//   profiling step, split_rule.hpp, or set by the user); memory_budget caps resident bytes
-//   and is never exceeded (save waits for writes to finish, or writes synchronously).
-// - Prefetch: in backward, reads are issued in reverse order of saving, at least
-//   prefetch_layers offloading layers ahead of the layer backward is in.
-// - Compute never blocks on a write, except when the memory budget leaves no room.
-// - All public member functions are thread-safe.
-//
-// Memory ownership. The stash owns the resident copy of every tensor it holds, so that a
-// tensor really leaves memory once its write completed:
-// - save(desc, bytes) copies the caller's bytes into a stash-owned buffer (taken from the
-//   stash's pool when one of that size is free); the caller may reuse or free its buffer as
-//   soon as save() returns.
-// - save(desc, aligned_buffer&&) adopts a buffer the trainer hands over (no copy); get such
-//   buffers from allocate() to reuse the stash's pool.
-// Resident bytes are the capacities of every buffer the stash holds (tensors, reads in
-// flight and its free pool); the budget and peak_resident_bytes count exactly these.
-//
-// The life cycle of a tensor:
-//  1. save(): the trainer describes the tensor and hands over its bytes. A live tensor of the
-//     same identity gains a reference (bytes_deduplicated) and its handle is returned.
-//     Otherwise the stash takes room under the budget (waiting for writes, or writing this
-//     tensor synchronously when nothing can make room), copies or adopts the bytes, and
-//     decides: keep (small, or in a kept layer) or offload (queue a write). The profiling
-//     step of the adaptive split offloads every tensor above the threshold, so that it needs
-//     no more memory than offloading does.
-//  2. A writer thread writes the queued tensor to the tier under the key
-//     "<key_prefix>-<stash serial>-<entry>". When the write completes, the resident buffer is
-//     freed (returned to the pool), unless backward already took the tensor or it lies in the
-//     prefetch window, in which case it stays resident (forwarded).
-//  3. Backward begins with start_backward() or the first load(). On the profiling step the
-//     split is planned now (forward time measured; tier bandwidth given or probed). Later
-//     adaptive steps re-plan when the next step begins, from the bandwidth the tier
-//     delivered during the step that ended.
-//  4. Prefetch: for the layer backward is in, every tensor of its own layer and of the
-//     prefetch_layers offloading layers before it (kept layers need no reads and do not
-//     count) is made resident, newest first: a queued write is cancelled (write skip), an
-//     offloaded tensor is read by a reader thread when the budget has room (otherwise later,
-//     when room is freed). Beyond that window prefetch goes on reading while the bytes held
-//     stay within the high-water mark the step already reached, so it never lifts the peak.
-//  5. load(handle) returns a view of the resident bytes, waiting for a read in flight or
-//     issuing one (load_wait_seconds); the view stays valid until the handle is released.
-//  6. release(handle) drops the handle's reference; with the last one the buffer is freed, a
-//     queued write is skipped, and the tier blob is erased on the writer thread (after any
-//     I/O in flight on it ends; flush() waits for erases too).
-//  7. A save() or begin_layer() after backward began starts the next step.
-// Errors: a failed write is reported by the next save(), begin_layer() or flush() (once)
-// and by every load() of that tensor (unless backward already held it: its resident copy
-// is exact and stays); a failed read is reported by the load() that needed it
-// (a later load() retries). Both are std::system_error (the tier's errno) or
-// std::runtime_error naming the tensor and the tier. Misuse of a handle (empty, moved-from,
-// released, of another stash) is std::invalid_argument naming the tensor.
+/// @file
+/// spillway/stash/activation_stash.hpp: offload the tensors a trainer saves in forward for
+/// backward to any storage_tier, and bring them back in reverse order before backward needs
+/// them (TBA / SSDTrain as a primitive).
+///
+/// What it guarantees:
+/// - Round trips are exact: load() gives back the bytes save() was handed, or throws an error
+///   naming the tensor; it never returns wrong or partial data.
+/// - Deduplication: saving a tensor whose identity (tensor_desc.hpp: storage id, version,
+///   dtype, shape, strides, offset) equals a live one stores it once and counts a reference.
+///   A transpose (other strides) is another tensor. Raw addresses are never a key.
+/// - Forwarding: a tensor still in memory when backward (or prefetch) asks for it, because its
+///   write is queued or in flight, is served from memory without a read; a write that has not
+///   started by then is skipped.
+/// - Adaptive keep: tensors under keep_below_bytes stay in memory; the layers at the end of
+///   forward whose I/O cannot be hidden stay in memory (split chosen by TBA's rule from a
+///   profiling step, split_rule.hpp, or set by the user); memory_budget caps resident bytes
+///   and is never exceeded (save waits for writes to finish, or writes synchronously).
+/// - Prefetch: in backward, reads are issued in reverse order of saving, at least
+///   prefetch_layers offloading layers ahead of the layer backward is in.
+/// - Compute never blocks on a write, except when the memory budget leaves no room.
+/// - All public member functions are thread-safe.
+///
+/// Memory ownership. The stash owns the resident copy of every tensor it holds, so that a
+/// tensor really leaves memory once its write completed:
+/// - save(desc, bytes) copies the caller's bytes into a stash-owned buffer (taken from the
+///   stash's pool when one of that size is free); the caller may reuse or free its buffer as
+///   soon as save() returns.
+/// - save(desc, aligned_buffer&&) adopts a buffer the trainer hands over (no copy); get such
+///   buffers from allocate() to reuse the stash's pool.
+/// Resident bytes are the capacities of every buffer the stash holds (tensors, reads in
+/// flight and its free pool); the budget and peak_resident_bytes count exactly these.
+///
+/// The life cycle of a tensor:
+///  1. save(): the trainer describes the tensor and hands over its bytes. A live tensor of the
+///     same identity gains a reference (bytes_deduplicated) and its handle is returned.
+///     Otherwise the stash takes room under the budget (waiting for writes, or writing this
+///     tensor synchronously when nothing can make room), copies or adopts the bytes, and
+///     decides: keep (small, or in a kept layer) or offload (queue a write). The profiling
+///     step of the adaptive split offloads every tensor above the threshold, so that it needs
+///     no more memory than offloading does.
+///  2. A writer thread writes the queued tensor to the tier under the key
+///     "<key_prefix>-<stash serial>-<entry>". When the write completes, the resident buffer is
+///     freed (returned to the pool), unless backward already took the tensor or it lies in the
+///     prefetch window, in which case it stays resident (forwarded).
+///  3. Backward begins with start_backward() or the first load(). On the profiling step the
+///     split is planned now (forward time measured; tier bandwidth given or probed). Later
+///     adaptive steps re-plan when the next step begins, from the bandwidth the tier
+///     delivered during the step that ended.
+///  4. Prefetch: for the layer backward is in, every tensor of its own layer and of the
+///     prefetch_layers offloading layers before it (kept layers need no reads and do not
+///     count) is made resident, newest first: a queued write is cancelled (write skip), an
+///     offloaded tensor is read by a reader thread when the budget has room (otherwise later,
+///     when room is freed). Beyond that window prefetch goes on reading while the bytes held
+///     stay within the high-water mark the step already reached, so it never lifts the peak.
+///  5. load(handle) returns a view of the resident bytes, waiting for a read in flight or
+///     issuing one (load_wait_seconds); the view stays valid until the handle is released.
+///  6. release(handle) drops the handle's reference; with the last one the buffer is freed, a
+///     queued write is skipped, and the tier blob is erased on the writer thread (after any
+///     I/O in flight on it ends; flush() waits for erases too).
+///  7. A save() or begin_layer() after backward began starts the next step.
+/// Errors: a failed write is reported by the next save(), begin_layer() or flush() (once)
+/// and by every load() of that tensor (unless backward already held it: its resident copy
+/// is exact and stays); a failed read is reported by the load() that needed it
+/// (a later load() retries). Both are std::system_error (the tier's errno) or
+/// std::runtime_error naming the tensor and the tier. Misuse of a handle (empty, moved-from,
+/// released, of another stash) is std::invalid_argument naming the tensor.
 #pragma once
 
 #include <algorithm>
@@ -96,19 +97,36 @@
 
 namespace spillway {
 
-/// How the stash chooses which layers stay in memory.
+/// How the stash chooses which layers stay in memory. In every mode tensors under
+/// stash_options::keep_below_bytes stay in memory, and the memory budget may still force
+/// writes of kept tensors (stash_stats::forced_writes).
 enum class split_mode {
-    adaptive,     // first step profiles (offloads everything), then TBA's rule picks the split
-    fixed,        // layers from stash_options::first_kept_layer on are kept
-    offload_all,  // every tensor above keep_below_bytes is offloaded
-    keep_all,     // nothing is offloaded (the baseline, or a switch to turn offload off)
+    /// The first step (and the one after replan()) profiles: it offloads every tensor at or
+    /// above keep_below_bytes while recording layer start times and bytes; when its backward
+    /// begins, tba_split() picks the first kept layer from the tier's bandwidth. Later steps
+    /// re-plan from the bandwidth the tier delivered (see stash_options::tier_bandwidth).
+    adaptive,
+    /// Layers at forward positions from stash_options::first_kept_layer on are kept, those
+    /// before it offloaded; no profiling, no probe.
+    fixed,
+    /// Every tensor at or above keep_below_bytes is offloaded, whatever its layer.
+    offload_all,
+    /// Nothing is offloaded unless the budget forces it: the baseline, or a switch to turn
+    /// offloading off without changing the trainer.
+    keep_all,
 };
 
+/// How an activation_stash behaves; fixed at construction (options() returns it).
+/// Byte quantities are bytes, bandwidths bytes per second.
 struct stash_options {
-    /// Tensors with fewer bytes stay in memory (TBA keeps tensors under 8 Mi elements).
+    /// Tensors of fewer bytes (extent_bytes()) stay in memory in every mode and never count
+    /// in a layer's offloadable bytes (TBA keeps tensors under 8 Mi elements). Default 1 MiB.
     std::size_t keep_below_bytes = std::size_t{1} << 20;
-    /// Most resident bytes at any time (see "Memory ownership"); unbounded by default.
+    /// Most resident bytes at any time (see "Memory ownership"; the pool and reads in flight
+    /// count); never exceeded. When nothing can make room, save() writes synchronously and
+    /// load() throws std::length_error. Unbounded by default.
     std::size_t memory_budget = std::numeric_limits<std::size_t>::max();
+    /// Which layers stay in memory (split_mode); adaptive by default.
     split_mode split = split_mode::adaptive;
     /// split_mode::fixed: forward position of the first layer kept (layers are numbered in
     /// the order they first appear in a step); SIZE_MAX keeps no layer.
@@ -118,48 +136,74 @@ struct stash_options {
     /// direction) when the profiling step ends, then re-measured at every backward from what
     /// the tier delivered (its stats(): bytes over busy seconds), so the split follows a tier
     /// that slows down or speeds up. A stated bandwidth is used as is.
+    /// Only split_mode::adaptive reads it; a negative value is std::invalid_argument at
+    /// construction.
     double tier_bandwidth = 0;
+    /// Size in bytes of the probe blob written and read back when tier_bandwidth is 0
+    /// (at least 4 KiB is used). The probe runs when a profiling step's backward
+    /// begins, under the key "<key_prefix>-<stash serial>-probe", erased afterwards; a
+    /// failed probe throws the tier's error naming the tier and the probe size. Default 16 MiB.
     std::size_t probe_bytes = std::size_t{16} << 20;
     /// Offloading layers ahead of the current backward layer that prefetch always brings
     /// back (more when memory the step already used is free; see step 4).
     std::size_t prefetch_layers = 2;
-    std::size_t write_threads = 1;  // >= 1: each runs one write at a time
-    std::size_t read_threads = 1;   // >= 1
+    /// Writer threads (>= 1, else std::invalid_argument at construction); each runs one
+    /// tier write (or blob erase) at a time, so this bounds the writes in flight.
+    std::size_t write_threads = 1;
+    /// Reader threads (>= 1, else std::invalid_argument at construction); each runs one
+    /// tier read at a time, so this bounds the prefetch and load reads in flight.
+    std::size_t read_threads = 1;
     /// Free buffers are kept for reuse (counted as resident) up to pool_limit bytes, and
     /// beyond that while resident bytes stay within the most the stash held in this step or
     /// the last: the pool never lifts the peak by more than pool_limit.
     std::size_t pool_limit = std::size_t{64} << 20;
-    /// First part of every tier key; must pass validate_key.
+    /// First part of every tier key ("<key_prefix>-<stash serial>-<entry>"); must pass
+    /// validate_key (std::invalid_argument naming it at construction). Each stash in a
+    /// process has its own serial, so stashes sharing a tier and a prefix never collide;
+    /// stashes of different processes sharing a tier need different prefixes.
     std::string key_prefix = "act";
 };
 
+/// What an activation_stash did, as returned by activation_stash::stats(): a consistent
+/// snapshot taken under the stash's lock. Counters are cumulative since construction (reset()
+/// does not clear them); resident_bytes and pooled_bytes are the state at the snapshot.
 struct stash_stats {
-    std::uint64_t saves = 0;               // save() calls that returned a handle
-    std::uint64_t tensors = 0;             // distinct tensors stored
-    std::uint64_t bytes_saved = 0;         // bytes handed to save(), duplicates included
-    std::uint64_t bytes_deduplicated = 0;  // of those, bytes of saves that hit a live tensor
-    std::uint64_t bytes_kept = 0;          // distinct bytes kept in memory at save
-    std::uint64_t bytes_offloaded = 0;     // bytes written to the tier (completed writes)
-    std::uint64_t bytes_forwarded = 0;     // bytes meant for offload but served from memory
-    std::uint64_t bytes_loaded = 0;        // bytes read back from the tier
-    std::uint64_t write_skips = 0;         // queued writes cancelled (backward took the tensor, or released)
-    std::uint64_t forced_writes = 0;       // writes the budget forced (synchronous or of kept tensors)
-    std::uint64_t failed_writes = 0;
-    std::uint64_t failed_reads = 0;
-    std::size_t resident_bytes = 0;        // now: held by tensors and reads, plus the pool
-    std::size_t pooled_bytes = 0;          // now: free buffers kept for reuse
-    std::size_t peak_resident_bytes = 0;   // since construction or reset_peak()
-    double load_wait_seconds = 0;          // time load() blocked waiting for bytes
-    double budget_wait_seconds = 0;        // time save() blocked waiting for room
+    std::uint64_t saves = 0;               ///< save() calls that returned a handle (duplicates included).
+    std::uint64_t tensors = 0;             ///< Distinct tensors stored (saves that were not deduplicated).
+    std::uint64_t bytes_saved = 0;         ///< Bytes handed to save(), duplicates included.
+    std::uint64_t bytes_deduplicated = 0;  ///< Of bytes_saved, those of saves that hit a live tensor (stored once).
+    std::uint64_t bytes_kept = 0;          ///< Distinct bytes kept in memory when saved (small or in a kept layer).
+    std::uint64_t bytes_offloaded = 0;     ///< Bytes written to the tier by completed writes (synchronous ones included).
+    std::uint64_t bytes_forwarded = 0;     ///< Bytes meant for offload but served from memory without a read (once per tensor).
+    std::uint64_t bytes_loaded = 0;        ///< Bytes read back from the tier by completed reads.
+    std::uint64_t write_skips = 0;         ///< Queued writes cancelled: backward took the tensor, or it was released.
+    std::uint64_t forced_writes = 0;       ///< Writes the budget forced: synchronous saves, or writes of kept tensors.
+    std::uint64_t failed_writes = 0;       ///< Tier writes that threw (who reports them: see "Errors").
+    std::uint64_t failed_reads = 0;        ///< Tier reads that threw (reported by the load() that needed them).
+    std::size_t resident_bytes = 0;        ///< Now: capacities of buffers held by tensors and reads, plus the pool.
+    std::size_t pooled_bytes = 0;          ///< Now: capacities of free buffers kept for reuse (part of resident_bytes).
+    std::size_t peak_resident_bytes = 0;   ///< Most resident_bytes since construction or reset_peak().
+    double load_wait_seconds = 0;          ///< Seconds load() blocked waiting for bytes, summed over calls and threads.
+    double budget_wait_seconds = 0;        ///< Seconds save() and load() blocked waiting for room under the budget.
 };
 
-/// The split the stash uses, and what it was planned from.
+/// The split the stash uses, and what it was planned from (activation_stash::plan()).
 struct split_plan {
-    bool planned = false;            // adaptive: false until the profiling step ended
-    std::size_t first_kept_layer = std::numeric_limits<std::size_t>::max();  // forward position
-    double tier_bandwidth = 0;       // bytes per second used by the rule
-    double forward_seconds = 0;      // measured on the profiling step
-    std::vector<layer_profile> layers;  // the profiling step's layers, forward order
+    /// True once split_mode::adaptive planned a split (the profiling step's backward began);
+    /// false before, after replan() until the next plan, and always in the other modes.
+    bool planned = false;
+    /// Forward position of the first layer kept in memory; every layer from it on is kept.
+    /// SIZE_MAX when no layer is kept (also when every layer can be offloaded). In
+    /// split_mode::fixed it is stash_options::first_kept_layer.
+    std::size_t first_kept_layer = std::numeric_limits<std::size_t>::max();
+    /// Bytes per second the rule was applied with: stated, probed, or delivered by the tier
+    /// in the last step (0 before the first plan).
+    double tier_bandwidth = 0;
+    /// Forward time in seconds the rule was applied with: the profiling step's, then the
+    /// previous step's at each re-plan (0 before the first plan).
+    double forward_seconds = 0;
+    /// The layers the rule saw, in forward order (empty before the first plan).
+    std::vector<layer_profile> layers;
 };
 
 template <storage_tier Tier>
@@ -171,11 +215,18 @@ class activation_stash;
 /// over while live keeps its tensor until reset() or the stash's destruction.
 class stash_handle {
 public:
+    /// An empty handle: valid() is false and every stash call with it throws
+    /// std::invalid_argument.
     stash_handle() = default;
+    /// Takes over `o`'s reference; `o` becomes moved-from (using it with the stash throws
+    /// std::invalid_argument saying so), unless it was empty.
     stash_handle(stash_handle&& o) noexcept
         : owner_(o.owner_), id_(o.id_), nbytes_(o.nbytes_), label_(o.label_), state_(o.state_) {
         if (o.state_ != state::empty) o.state_ = state::moved_from;
     }
+    /// Takes over `o`'s reference as the move constructor does. A live reference this
+    /// handle held is not released: its tensor stays until reset() or the stash's
+    /// destruction, so release() before assigning over a live handle.
     stash_handle& operator=(stash_handle&& o) noexcept {
         if (this != &o) {
             owner_ = o.owner_;
@@ -192,9 +243,11 @@ public:
 
     /// True while the handle refers to a tensor it has not released.
     [[nodiscard]] bool valid() const noexcept { return state_ == state::live; }
-    /// The tensor's bytes.
+    /// The tensor's size in bytes (extent_bytes() of its description); 0 for an empty handle.
+    /// Stays readable after release or move.
     [[nodiscard]] std::size_t nbytes() const noexcept { return nbytes_; }
-    /// How messages name the tensor ("" for an empty handle).
+    /// How messages name the tensor: describe() of the description it was first saved with
+    /// (a deduplicated save shares it); "" for an empty handle.
     [[nodiscard]] std::string label() const { return label_ ? *label_ : std::string(); }
 
 private:
@@ -227,9 +280,16 @@ inline std::exception_ptr with_context(std::exception_ptr error, const std::stri
 }
 }  // namespace detail
 
+/// Holds the tensors a trainer saves in forward for backward, offloading them to `Tier`
+/// and prefetching them back in reverse order; see the file comment for its guarantees,
+/// memory ownership, the life cycle of a tensor and how errors are reported. Not copyable
+/// or movable. Every public member function is thread-safe (one internal mutex, never held
+/// across tier I/O or copies).
+/// @tparam Tier any storage_tier; the stash holds a reference to it.
 template <storage_tier Tier>
 class activation_stash {
 public:
+    /// The monotonic clock that times layers, forward and the waits in stash_stats.
     using clock = std::chrono::steady_clock;
 
     /// Holds a reference to `tier`, which must outlive the stash. Throws
@@ -273,6 +333,8 @@ public:
         scopes_.push_back(layer);
         position_of(layer);
     }
+    /// Closes the innermost layer scope opened by begin_layer(); does nothing when none is
+    /// open. Never throws and never reports pending errors.
     void end_layer() {
         std::lock_guard lock(mutex_);
         if (!scopes_.empty()) scopes_.pop_back();
@@ -428,6 +490,8 @@ public:
         if (opt_.split == split_mode::adaptive) plan_.planned = false;
     }
 
+    /// A snapshot of the counters and of the resident and pooled bytes now (stash_stats).
+    /// Never blocks on I/O.
     [[nodiscard]] stash_stats stats() const {
         std::lock_guard lock(mutex_);
         stash_stats s = stats_;
@@ -450,13 +514,18 @@ public:
         std::lock_guard lock(mutex_);
         restart_high_water();
     }
+    /// A copy of the split in use and what it was planned from (split_plan). Never blocks
+    /// on I/O.
     [[nodiscard]] split_plan plan() const {
         std::lock_guard lock(mutex_);
         split_plan p = plan_;
         p.first_kept_layer = first_kept_;
         return p;
     }
+    /// The options given at construction; they never change, so the reference needs no lock.
     [[nodiscard]] const stash_options& options() const noexcept { return opt_; }
+    /// The tier the stash writes to. Blobs under the stash's keys belong to it: do not
+    /// write or erase them through this reference while the stash lives.
     [[nodiscard]] Tier& tier() noexcept { return tier_; }
 
 private:
