@@ -149,7 +149,7 @@ struct pipeline_config {
     std::size_t subgroup_size = 0;  ///< parameters per subgroup (> 0; the last one may be smaller)
     std::size_t host_buffers = 3;   ///< subgroup buffers (>= 3); beyond 3 they form the resident set
     memory_lock lock = memory_lock::unlocked;  ///< mlock() the buffers
-    adamw_config adam{};
+    adamw_config adam{};  ///< AdamW hyper-parameters (lr, betas, eps, weight decay)
     double max_grad_norm = 0;  ///< global-norm clipping threshold; 0 turns clipping off
     /// Bytes of one piece (> 0, a multiple of 4096): a subgroup's blob is stored as
     /// ceil(12 * elements / piece_bytes) tier keys and moved piece by piece. The default is
@@ -165,9 +165,13 @@ struct pipeline_config {
 
 /// How the pipeline runs: the switches of the ablation, and hooks.
 struct pipeline_options {
+    /// Visiting order: alternating (0..N-1, then N-1..0) or always ascending (DeepSpeed).
     subgroup_order order = subgroup_order::alternating;
     direction first_direction = direction::ascending;  ///< the first call's direction
+    /// Whether buffers beyond 3 keep the last-updated subgroups between calls (the next,
+    /// reversed, call then neither reads nor writes them) or are only used for read-ahead.
     resident_policy resident = resident_policy::keep_last_updated;
+    /// How gradients reach the Adam step (see gradient_path).
     gradient_path gradients = gradient_path::lazy_widening;
     std::string key_prefix = "optim";        ///< tier keys are "<prefix>-<i>" (and "<prefix>-<i>.grad")
     detail::thread_pool* pool = nullptr;     ///< Adam's threads; nullptr: the shared pool
@@ -181,30 +185,30 @@ struct update_args {
 
 /// Bytes a tier (or one child of a virtual tier) moved during a call.
 struct child_io {
-    std::string name;
-    std::uint64_t bytes_read = 0;
-    std::uint64_t bytes_written = 0;
+    std::string name;                 ///< the tier's (or child's) name()
+    std::uint64_t bytes_read = 0;     ///< bytes read from it during the call
+    std::uint64_t bytes_written = 0;  ///< bytes written to it during the call
 };
 
 /// What one update() (or hand_over_gradients()) call did.
 struct update_stats {
-    step_result result = step_result::applied;
+    step_result result = step_result::applied;  ///< applied, or skipped on a gradient overflow
     std::int64_t step = 0;          ///< the Adam step applied (0 when skipped)
     double seconds = 0;             ///< wall time of the update call
     double read_wait_seconds = 0;   ///< blocked waiting for reads
     double compute_seconds = 0;     ///< in the Adam step (and the gradient check)
     double write_wait_seconds = 0;  ///< blocked waiting for writes
     double handover_seconds = 0;    ///< hand_over_gradients() for this step (fp32_on_tier)
-    std::size_t subgroups_read = 0;
-    std::size_t subgroups_written = 0;
-    std::size_t served_from_resident = 0;
+    std::size_t subgroups_read = 0;        ///< subgroups whose state was read from the tier
+    std::size_t subgroups_written = 0;     ///< subgroups whose state was written to the tier
+    std::size_t served_from_resident = 0;  ///< subgroups found in the resident set (no read)
     std::size_t served_from_prefetch = 0;  ///< subgroups whose read begin_prefetch() issued before the call
     std::uint64_t bytes_read = 0;     ///< state (and fp32 gradient) bytes the pipeline read
     std::uint64_t bytes_written = 0;  ///< state bytes the pipeline wrote
-    std::uint64_t handover_bytes_written = 0;
+    std::uint64_t handover_bytes_written = 0;  ///< fp32 gradient bytes written by the hand-over (fp32_on_tier)
     std::vector<child_io> children;   ///< per tier child (one entry for a plain tier)
     double grad_norm = 0;             ///< global L2 norm of the unscaled gradients
-    float clip_coef = 1.0f;
+    float clip_coef = 1.0f;           ///< factor applied to the gradients by clipping (1: not clipped)
 };
 
 /// A tier that reports per-child statistics (a virtual tier): report() returns a range of
@@ -219,6 +223,21 @@ concept tier_with_children =
         { c.moved } -> std::convertible_to<tier_stats>;
     };
 
+/// The offloaded optimizer's update phase: AdamW over subgroups whose state (fp32 params,
+/// m, v) lives on `Tier`, moved through a bounded set of host buffers.
+///
+/// Each update() visits the subgroups in alternating order, reading ahead while updating
+/// one subgroup and writing back the previous ones; buffers beyond 3 keep the last-updated
+/// subgroups resident for the next, reversed, call. Gradients (`Grad`: float, float16 or
+/// bfloat16) stay in the trainer's memory and are widened inside the Adam step; the updated
+/// parameters are written back to the trainer's `ParamCopy` buffer. Results are
+/// bit-identical to the in-memory AdamW step over the same data, whatever the tier, order or
+/// resident set. An I/O error names the subgroup, its key and the tier, and loses no state:
+/// calling update() again with the same gradients completes the step exactly once.
+/// Not thread-safe: one thread drives a pipeline.
+/// @tparam Tier      any storage_tier (file, virtual, host, decorated)
+/// @tparam Grad      the gradients' element type
+/// @tparam ParamCopy the element type of the trainer's compute copy of the parameters
 template <storage_tier Tier, class Grad, class ParamCopy = Grad>
 class update_pipeline {
     static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "update_pipeline: Grad must be float, float16 or bfloat16");
@@ -226,10 +245,10 @@ class update_pipeline {
                   "update_pipeline: ParamCopy must be float, float16 or bfloat16");
 
 public:
-    using tier_type = Tier;
-    using grad_type = Grad;
-    using copy_type = ParamCopy;
-    using clock = std::chrono::steady_clock;
+    using tier_type = Tier;                   ///< the tier the state lives on
+    using grad_type = Grad;                   ///< the gradients' element type
+    using copy_type = ParamCopy;              ///< the compute copy's element type
+    using clock = std::chrono::steady_clock;  ///< the clock of the stats and the trace
 
     /// Initialises the state on `tier` from the trainer's fp32 `initial_params` (m = v = 0).
     /// Throws std::invalid_argument for a bad config, options or size; std::system_error
@@ -427,6 +446,7 @@ public:
 
     /// Completed Adam steps (the next update applies step steps() + 1).
     [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+    /// Number of subgroups (ceil(param_count / subgroup_size)).
     [[nodiscard]] std::size_t subgroup_count() const noexcept { return n_; }
     /// Parameters in subgroup s.
     [[nodiscard]] std::size_t subgroup_elements(std::size_t s) const noexcept {
@@ -456,8 +476,11 @@ public:
         return opts_.order == subgroup_order::alternating ? alternating_order(n_, iteration_, opts_.first_direction)
                                                           : ascending_order(n_);
     }
+    /// What the last update() (or hand_over_gradients()) call did.
     [[nodiscard]] const update_stats& last_stats() const noexcept { return stats_; }
+    /// The configuration the pipeline was built with.
     [[nodiscard]] const pipeline_config& config() const noexcept { return cfg_; }
+    /// The options the pipeline was built with.
     [[nodiscard]] const pipeline_options& options() const noexcept { return opts_; }
     /// The tier key of subgroup s's state (of its first piece; piece j > 0 is "<key>.<j>").
     [[nodiscard]] const std::string& key(std::size_t s) const { return keys_.at(s); }
@@ -1105,13 +1128,13 @@ private:
 
     [[noreturn]] void rethrow_named(std::exception_ptr error, std::size_t s, const char* what) {
         std::string prefix = "update_pipeline: " + std::string(what) + " subgroup " + std::to_string(s) + " (key " +
-                             spillway::quoted(keys_[s]) + ") on tier '" + std::string(tier_.name()) + "' failed: ";
+                             spillway::quoted(keys_[s]) + ") on tier '" + std::string(tier_.name()) + "' failed";
         try {
             std::rethrow_exception(error);
         } catch (const std::system_error& e) {
-            throw std::system_error(e.code(), prefix + e.what());
+            throw spillway::with_context(e, prefix);
         } catch (const std::exception& e) {
-            throw std::runtime_error(prefix + e.what());
+            throw std::runtime_error(prefix + ": " + e.what());
         }
     }
 

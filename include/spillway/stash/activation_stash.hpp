@@ -271,7 +271,7 @@ inline std::exception_ptr with_context(std::exception_ptr error, const std::stri
     try {
         std::rethrow_exception(error);
     } catch (const std::system_error& e) {
-        return std::make_exception_ptr(std::system_error(e.code(), context + ": " + e.what()));
+        return std::make_exception_ptr(spillway::with_context(e, context));
     } catch (const std::exception& e) {
         return std::make_exception_ptr(std::runtime_error(context + ": " + e.what()));
     } catch (...) {

@@ -68,10 +68,15 @@
 namespace spillway {
 
 /// Whether a file tier uses O_DIRECT.
-/// - automatic: when the file system allows it (probed at construction), else buffered I/O;
-/// - required: O_DIRECT or a std::system_error at construction;
-/// - off: buffered I/O through the page cache.
-enum class direct_io_mode { automatic, required, off };
+enum class direct_io_mode {
+    /// O_DIRECT when the file system allows it (probed at construction, e.g.\ refused on
+    /// tmpfs), else buffered I/O; file_tier::direct_io() says which was chosen.
+    automatic,
+    /// O_DIRECT or a std::system_error at construction naming the directory.
+    required,
+    /// Buffered I/O through the page cache.
+    off,
+};
 
 /// Settings of a file_tier.
 struct file_tier_options {

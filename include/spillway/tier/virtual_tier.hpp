@@ -1063,7 +1063,7 @@ private:
                 s.fault = e.what();
             }
             if (s.health == child_health::degraded) where += ", which is degraded,";
-            return std::make_exception_ptr(std::system_error(e.code(), where + " failed: " + e.what()));
+            return std::make_exception_ptr(spillway::with_context(e, where + " failed"));
         } catch (const std::invalid_argument& e) {
             return std::make_exception_ptr(std::invalid_argument(where + " failed: " + e.what()));
         } catch (...) {
