@@ -326,46 +326,21 @@ void register_all() {
     }
 }
 
-/// "<cpu model>, <n> cores" from /proc/cpuinfo.
-std::string machine() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string model = "unknown CPU";
-    for (std::string line; std::getline(in, line);) {
-        if (line.rfind("model name", 0) != 0) continue;
-        auto colon = line.find(':');
-        if (colon != std::string::npos && colon + 2 <= line.size()) model = line.substr(colon + 2);
-        break;
-    }
-    return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
-}
-
 /// Writes the side file beside --benchmark_out (read from argv before Initialize removes it).
 void write_series(const std::filesystem::path& path) {
-    std::time_t now = std::time(nullptr);
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    nlohmann::json doc = {{"machine", machine()}, {"date", date}, {"runs", nlohmann::json::array()}};
+    nlohmann::json doc = {{"machine", spillway::bench::machine_description()},
+                          {"date", spillway::bench::utc_now()},
+                          {"runs", nlohmann::json::array()}};
     for (const auto& r : series)
         doc["runs"].push_back({{"config", r.config}, {"offload", r.offload}, {"ranks", r.ranks}, {"loss", r.loss},
                                {"step_ms", r.step_ms}, {"act_peak_bytes", r.act_peak_bytes}});
     std::ofstream(path) << doc.dump(1) << "\n";
 }
 
-std::filesystem::path series_path(int argc, char** argv) {
-    const std::string flag = "--benchmark_out=";
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a.rfind(flag, 0) == 0) return std::filesystem::path(a.substr(flag.size())).parent_path() / "mini_gpt_series.json";
-    }
-    return "mini_gpt_series.json";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    const auto side_file = series_path(argc, argv);
+    const auto side_file = spillway::bench::side_file(argc, argv, "mini_gpt_series.json");
     register_all();
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
