@@ -6,7 +6,9 @@
 // and the same host-buffer budget (16 x 96 MiB) for every row. Two storage paths:
 //   disk: a file tier (io_uring, O_DIRECT) in the scratch directory;
 //   shm:  a file tier on /dev/shm behind a throttled_tier capped at half the disk's read and
-//         write bandwidth, measured here with fio (so the two paths never share a device).
+//         write bandwidth, measured here with fio (so the two paths never share a device):
+//         after the warm-up round of the two-path rows, as the median of three fio runs
+//         (calibrate_disk), so that the cap is half of the disk the timed rounds see.
 // Rows (each adds one idea to the previous one):
 //   1 baseline         DeepSpeed ZeRO-3 NVMe-like: ascending order, no resident set, fp32
 //                      gradients written to the tier in backward (hand-over) and read back
@@ -142,6 +144,21 @@ bandwidths measure_disk(const fs::path& dir, const shape& sh) {
     return bw;
 }
 
+/// The disk's bandwidth that sets the second path's throttle: the median (by total) of three
+/// measurements after one discarded warm-up. A single fio run on a cloud disk can be off by 2x
+/// (the first run of a session measured 0.58 GB/s, the rounds after it 1.5 GB/s), and a
+/// throttle set from it would make the second path the bottleneck of every two-path row.
+bandwidths calibrate_disk(const fs::path& dir, const shape& sh) {
+    if (bench::smoke()) return measure_disk(dir, sh);
+    (void)measure_disk(dir, sh);
+    std::vector<bandwidths> runs;
+    for (int i = 0; i < 3; ++i) runs.push_back(measure_disk(dir, sh));
+    std::sort(runs.begin(), runs.end(), [](const bandwidths& a, const bandwidths& b) { return a.disk_total() < b.disk_total(); });
+    std::fprintf(stderr, "[update_phase] disk calibration (rw 50/50): %.0f / %.0f / %.0f MB/s, median taken\n",
+                 runs[0].disk_total() / 1e6, runs[1].disk_total() / 1e6, runs[2].disk_total() / 1e6);
+    return runs[1];
+}
+
 // ---- Rows -----------------------------------------------------------------------------
 
 struct host_data {
@@ -236,6 +253,8 @@ struct runner {
     virtual sample call() = 0;
     /// Records the next call's timeline (reads, compute, writes) as Chrome trace JSON.
     virtual void trace_next_call(const fs::path& /*file*/) {}
+    /// Sets the throttle of the second (shm) path; rows with one path ignore it.
+    virtual void set_second_path_rate(const throttle_config& /*rate*/) {}
 };
 
 template <class Tier>
@@ -260,6 +279,9 @@ struct pipe_runner : runner {
         copy = data.copy;
     }
     void trace_next_call(const fs::path& file) override { trace_file = file; }
+    void set_second_path_rate(const throttle_config& rate) override {
+        if constexpr (requires { tier->template child<1>().set_rate(rate); }) tier->template child<1>().set_rate(rate);
+    }
     sample call() override {
         if (!trace_file.empty()) {
             rec->clear();
@@ -302,8 +324,10 @@ struct pipe_runner : runner {
 };
 
 /// Row 5: two worker processes, each half the parameters and half the buffers, sharing both
-/// paths under node_lock. Protocol: the parent writes 1 to a worker's pipe for one update
-/// call (the worker answers with that call's stats) and 0 to end it.
+/// paths under node_lock. Protocol, one command byte at a time on a worker's pipe:
+///   1. 1: one update call; the worker answers with that call's stats;
+///   2. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
+///   3. 0 (or a closed pipe): the worker exits.
 struct two_process_runner : runner {
     static constexpr int workers = 2;
     struct msg {
@@ -362,6 +386,12 @@ struct two_process_runner : runner {
             for (;;) {
                 char cmd = 0;
                 if (::read(from_parent[w][0], &cmd, 1) != 1 || cmd == 0) break;
+                if (cmd == 2) {
+                    throttle_config rate;
+                    if (::read(from_parent[w][0], &rate, sizeof rate) != static_cast<ssize_t>(sizeof rate)) break;
+                    vt.child<1>().set_rate(rate);
+                    continue;
+                }
                 auto t0 = clk::now();
                 pipe.update(grads, copy);
                 const auto& st = pipe.last_stats();
@@ -375,6 +405,15 @@ struct two_process_runner : runner {
             std::_Exit(1);
         }
         std::_Exit(0);
+    }
+    void set_second_path_rate(const throttle_config& rate) override {
+        static_assert(std::is_trivially_copyable_v<throttle_config>);
+        char buf[1 + sizeof rate];
+        buf[0] = 2;
+        std::memcpy(buf + 1, &rate, sizeof rate);
+        for (int w = 0; w < workers; ++w)
+            if (::write(from_parent[w][1], buf, sizeof buf) != static_cast<ssize_t>(sizeof buf))
+                throw std::runtime_error("a node_lock worker is gone");
     }
     sample call() override {
         auto t0 = clk::now();
@@ -425,7 +464,7 @@ struct row_summary {
 
 struct results {
     shape sh;
-    bandwidths bw;           // the first measurement (sets the shm throttle)
+    bandwidths bw;           // the calibration that set the shm throttle of the two-path rows
     std::vector<double> disk_totals;  // per timed round
     std::vector<row_summary> rows;
     std::string error;
@@ -556,7 +595,22 @@ results& the_results() {
             std::vector<std::unique_ptr<runner>> rows;
             for (int id : ids) rows.push_back(make_row(id));
             std::vector<double> disk_totals;
+            double shm_total = bw.disk_total() / 2;
             for (int round = 0; round <= sh.timed_calls; ++round) {
+                // After the warm-up, a two-path phase sets the shm throttle to half of the disk
+                // measured now (calibrate_disk), under the conditions of the timed rounds.
+                if (round == 1 && std::any_of(rows.begin(), rows.end(), [](auto& r) { return r->two_paths; })) {
+                    out.bw = calibrate_disk(p.disk, sh);
+                    shm_total = out.bw.disk_total() / 2;
+                    for (auto& r : rows) {
+                        if (!r->two_paths || !r->error.empty()) continue;
+                        try {
+                            r->set_second_path_rate(half_of(out.bw));
+                        } catch (const std::exception& e) {
+                            r->error = e.what();
+                        }
+                    }
+                }
                 for (auto& r : rows) {
                     if (!r->error.empty()) continue;
                     try {
@@ -577,7 +631,6 @@ results& the_results() {
                 if (round > 0) disk_totals.push_back(bench::smoke() ? bw.disk_total() : measure_disk(p.disk, sh).disk_total());
                 std::fprintf(stderr, "[update_phase] round %d done\n", round);
             }
-            const double shm_total = bw.disk_total() / 2;
             const auto& b = *rows[0];
             out.disk_totals.insert(out.disk_totals.end(), disk_totals.begin(), disk_totals.end());
             for (std::size_t ri = 0; ri < rows.size(); ++ri) {
