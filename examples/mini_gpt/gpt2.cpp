@@ -52,7 +52,38 @@ private:
     std::uint64_t state_;
 };
 
+/// Partial sums per reduction: a sum over i is split into `lanes` running sums (lane j takes
+/// i = j mod lanes) that are added at the end. The order is fixed, so results are the same
+/// every run; the compiler keeps the lanes in vector registers, which it may not do for one
+/// running sum (that would reorder the additions).
+constexpr std::size_t lanes = 8;
+
+/// sum over i < n of term(i), in `lanes` partial sums of type Acc.
+template <class Acc, class Term>
+Acc lane_sum(std::size_t n, Term&& term) {
+    Acc acc[lanes] = {};
+    std::size_t i = 0;
+    for (; i + lanes <= n; i += lanes)
+        for (std::size_t j = 0; j < lanes; ++j) acc[j] += static_cast<Acc>(term(i + j));
+    for (std::size_t j = 0; i + j < n; ++j) acc[j] += static_cast<Acc>(term(i + j));
+    Acc total = 0;
+    for (Acc a : acc) total += a;
+    return total;
+}
+
+/// max over i < n of x[i] (n >= 1), in `lanes` partial maxima.
+float lane_max(const float* x, std::size_t n) {
+    float acc[lanes];
+    std::fill(acc, acc + lanes, x[0]);
+    std::size_t i = 0;
+    for (; i + lanes <= n; i += lanes)
+        for (std::size_t j = 0; j < lanes; ++j) acc[j] = acc[j] < x[i + j] ? x[i + j] : acc[j];
+    for (; i < n; ++i) acc[0] = acc[0] < x[i] ? x[i] : acc[0];
+    return *std::max_element(acc, acc + lanes);
+}
+
 }  // namespace
+
 
 // ---- Config and layout ------------------------------------------------------------------
 
@@ -169,12 +200,9 @@ void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, 
     pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
         for (std::size_t r = r0; r < r1; ++r) {
             const float* x = inp + r * sz(C);
-            float m = 0;
-            for (int i = 0; i < C; ++i) m += x[i];
-            m /= static_cast<float>(C);
-            float v = 0;
-            for (int i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
-            v /= static_cast<float>(C);
+            const float m = lane_sum<float>(sz(C), [&](std::size_t i) { return x[i]; }) / static_cast<float>(C);
+            const float v =
+                lane_sum<float>(sz(C), [&](std::size_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<float>(C);
             float s = 1.0f / std::sqrt(v + eps);
             float* o = out + r * sz(C);
             for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
@@ -192,15 +220,11 @@ void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* d
             const float* x = inp + r * sz(C);
             const float* d = dout + r * sz(C);
             float m = mean[r], s = rstd[r];
-            float dnorm_mean = 0, dnorm_norm_mean = 0;
-            for (int i = 0; i < C; ++i) {
-                float norm = (x[i] - m) * s;
-                float dnorm = weight[i] * d[i];
-                dnorm_mean += dnorm;
-                dnorm_norm_mean += dnorm * norm;
-            }
-            dnorm_mean /= static_cast<float>(C);
-            dnorm_norm_mean /= static_cast<float>(C);
+            const float dnorm_mean =
+                lane_sum<float>(sz(C), [&](std::size_t i) { return weight[i] * d[i]; }) / static_cast<float>(C);
+            const float dnorm_norm_mean =
+                lane_sum<float>(sz(C), [&](std::size_t i) { return weight[i] * d[i] * ((x[i] - m) * s); }) /
+                static_cast<float>(C);
             float* di = dinp + r * sz(C);
             for (int i = 0; i < C; ++i) {
                 float norm = (x[i] - m) * s;
@@ -277,110 +301,99 @@ void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbia
 
 void attention_forward(thread_pool& pool, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     // qkv (B,T,3C) holds q, k, v side by side; head h uses channels [h*hs, (h+1)*hs) of each.
-    std::size_t hs = sz(C / NH), C3 = 3 * sz(C);
-    float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    pool.parallel_for(sz(B) * sz(NH) * sz(T), [&](std::size_t r0, std::size_t r1) {
-        for (std::size_t r = r0; r < r1; ++r) {
-            std::size_t t = r % sz(T), h = (r / sz(T)) % sz(NH), b = r / (sz(T) * sz(NH));
-            const float* q = qkv + (b * sz(T) + t) * C3 + h * hs;
-            float* a = att + r * sz(T);  // att (b,h,t,:)
-            float maxv = -INFINITY;
-            for (std::size_t t2 = 0; t2 <= t; ++t2) {
-                const float* k = qkv + (b * sz(T) + t2) * C3 + sz(C) + h * hs;
-                float dot = 0;
-                for (std::size_t i = 0; i < hs; ++i) dot += q[i] * k[i];
-                a[t2] = dot * scale;
-                maxv = std::max(maxv, a[t2]);
+    // One task per (b, h), three steps on that head's (T,T) slice of att:
+    //  1. scores = q k^T / sqrt(hs), one matrix product (the masked half is computed and
+    //     overwritten: cheaper than T products of growing length);
+    //  2. each row t: causal softmax over t2 <= t, zeros after;
+    //  3. out = att v, one matrix product (the zeros take no part).
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    pool.parallel_for(sz(B) * sz(NH), [&](std::size_t p0, std::size_t p1) {
+        for (std::size_t p = p0; p < p1; ++p) {
+            const std::size_t b = p / sz(NH), h = p % sz(NH);
+            const float* q = qkv + b * sz(T) * sz(C3) + h * sz(hs);
+            const float* k = q + sz(C);
+            const float* v = q + 2 * sz(C);
+            float* a = att + p * sz(T) * sz(T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
+            for (std::size_t t = 0; t < sz(T); ++t) {
+                float* row = a + t * sz(T);
+                const float maxv = lane_max(row, t + 1);
+                for (std::size_t t2 = 0; t2 <= t; ++t2) row[t2] = exp_approx(row[t2] - maxv);
+                const float inv = 1.0f / lane_sum<float>(t + 1, [&](std::size_t t2) { return row[t2]; });
+                for (std::size_t t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
+                std::fill(row + t + 1, row + T, 0.0f);
             }
-            float sum = 0;
-            for (std::size_t t2 = 0; t2 <= t; ++t2) {
-                a[t2] = std::exp(a[t2] - maxv);
-                sum += a[t2];
-            }
-            float inv = 1.0f / sum;
-            for (std::size_t t2 = 0; t2 < sz(T); ++t2) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
-            float* o = out + (b * sz(T) + t) * sz(C) + h * hs;
-            for (std::size_t i = 0; i < hs; ++i) o[i] = 0;
-            for (std::size_t t2 = 0; t2 <= t; ++t2) {
-                const float* v = qkv + (b * sz(T) + t2) * C3 + 2 * sz(C) + h * hs;
-                for (std::size_t i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
-            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f,
+                        out + b * sz(T) * sz(C) + h * sz(hs), C);
         }
-    }, 8);
+    });
 }
 
 void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
-    std::size_t hs = sz(C / NH), C3 = 3 * sz(C);
-    float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     // One task per (b, h): it owns dq, dk, dv of that head, so no two tasks write the same float.
+    // Per head, with att and datt (T,T) and q, k, v, dout (T,hs):
+    //  1. datt = dout v^T and dv = att^T dout (out = att v);
+    //  2. each row t: dpre[t2] = att[t2] (datt[t2] - sum_k att[k] datt[k]) / sqrt(hs) (softmax
+    //     and scaling), in place in datt; att is 0 after t, so dpre is too;
+    //  3. dq = dpre k and dk = dpre^T q (scores = q k^T / sqrt(hs)).
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     pool.parallel_for(sz(B) * sz(NH), [&](std::size_t p0, std::size_t p1) {
         for (std::size_t p = p0; p < p1; ++p) {
-            std::size_t b = p / sz(NH), h = p % sz(NH);
+            const std::size_t b = p / sz(NH), h = p % sz(NH);
+            const std::size_t head = b * sz(T) * sz(C3) + h * sz(hs);
+            const float* q = qkv + head;
+            const float* k = q + sz(C);
+            const float* v = q + 2 * sz(C);
+            float* dq = dqkv + head;
+            float* dk = dq + sz(C);
+            float* dv = dq + 2 * sz(C);
+            const float* d = dout + b * sz(T) * sz(C) + h * sz(hs);
+            const float* a = att + p * sz(T) * sz(T);
+            float* da = datt + p * sz(T) * sz(T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, v, C3, 0.0f, da, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 0.0f, dv, C3);
             for (std::size_t t = 0; t < sz(T); ++t) {
-                float* dh = dqkv + (b * sz(T) + t) * C3 + h * hs;
-                std::fill(dh, dh + hs, 0.0f);
-                std::fill(dh + sz(C), dh + sz(C) + hs, 0.0f);
-                std::fill(dh + 2 * sz(C), dh + 2 * sz(C) + hs, 0.0f);
+                const float* arow = a + t * sz(T);
+                float* darow = da + t * sz(T);
+                const float s = lane_sum<float>(t + 1, [&](std::size_t t2) { return arow[t2] * darow[t2]; });
+                for (std::size_t t2 = 0; t2 <= t; ++t2) darow[t2] = arow[t2] * (darow[t2] - s) * scale;
+                std::fill(darow + t + 1, darow + T, 0.0f);
             }
-            for (std::size_t t = 0; t < sz(T); ++t) {
-                const float* a = att + (p * sz(T) + t) * sz(T);
-                float* da = datt + (p * sz(T) + t) * sz(T);
-                const float* d = dout + (b * sz(T) + t) * sz(C) + h * hs;
-                const float* q = qkv + (b * sz(T) + t) * C3 + h * hs;
-                float* dq = dqkv + (b * sz(T) + t) * C3 + h * hs;
-                // out = sum_t2 att[t2] v[t2]: datt[t2] = d . v[t2], dv[t2] += att[t2] d
-                for (std::size_t t2 = 0; t2 <= t; ++t2) {
-                    const float* v = qkv + (b * sz(T) + t2) * C3 + 2 * sz(C) + h * hs;
-                    float* dv = dqkv + (b * sz(T) + t2) * C3 + 2 * sz(C) + h * hs;
-                    float dot = 0;
-                    for (std::size_t i = 0; i < hs; ++i) {
-                        dot += d[i] * v[i];
-                        dv[i] += a[t2] * d[i];
-                    }
-                    da[t2] = dot;
-                }
-                // softmax: dpre[t2] = att[t2] (datt[t2] - sum_k att[k] datt[k])
-                float s = 0;
-                for (std::size_t t2 = 0; t2 <= t; ++t2) s += a[t2] * da[t2];
-                for (std::size_t t2 = 0; t2 <= t; ++t2) {
-                    float dpre = a[t2] * (da[t2] - s) * scale;
-                    const float* k = qkv + (b * sz(T) + t2) * C3 + sz(C) + h * hs;
-                    float* dk = dqkv + (b * sz(T) + t2) * C3 + sz(C) + h * hs;
-                    for (std::size_t i = 0; i < hs; ++i) {
-                        dq[i] += dpre * k[i];
-                        dk[i] += dpre * q[i];
-                    }
-                }
-            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, k, C3, 0.0f, dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, q, C3, 0.0f, dk, C3);
         }
     });
 }
 
 namespace {
 constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
-/// tanh through one expf (about twice as fast as tanhf here); absolute error ~1e-7, and
-/// exactly +-1 where exp overflows or underflows.
-inline float tanh_via_exp(float u) noexcept { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
-}
+/// The GELU's inner argument u and its derivative du/dx.
+inline float gelu_u(float x) noexcept { return gelu_scale * (x + 0.044715f * x * x * x); }
+inline float gelu_du(float x) noexcept { return gelu_scale * (1.0f + 3.0f * 0.044715f * x * x); }
+}  // namespace
 
+// 0.5 x (1 + tanh(u)) is written x * sigmoid(2u) = x / (1 + exp(-2u)): the same function
+// without the cancellation of 1 + tanh(u) for negative x, and one exp_approx per element.
 void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N) {
     parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
         for (std::size_t i = i0; i < i1; ++i) {
-            float x = inp[i];
-            out[i] = 0.5f * x * (1.0f + tanh_via_exp(gelu_scale * (x + 0.044715f * x * x * x)));
+            const float x = inp[i];
+            out[i] = x / (1.0f + exp_approx(-2.0f * gelu_u(x)));
         }
     });
 }
 
 void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float* dout, std::size_t N) {
+    // d/dx x sig(2u) = sig + x sig (1 - sig) 2 du/dx, with 1 - sig = e sig for e = exp(-2u).
     parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
         for (std::size_t i = i0; i < i1; ++i) {
-            float x = inp[i];
-            float u = gelu_scale * (x + 0.044715f * x * x * x);
-            float th = tanh_via_exp(u);
-            float sech2 = 1.0f - th * th;
-            float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * gelu_scale * (1.0f + 3.0f * 0.044715f * x * x);
+            const float x = inp[i];
+            const float e = exp_approx(-2.0f * gelu_u(x));
+            const float sig = 1.0f / (1.0f + e);
+            const float grad = sig + 2.0f * x * gelu_du(x) * sig * (sig * e);
             dinp[i] = grad * dout[i];
         }
     });
@@ -397,16 +410,14 @@ void softmax_crossentropy_forward(thread_pool& pool, float* logits, float* losse
     pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
         for (std::size_t r = r0; r < r1; ++r) {
             float* x = logits + r * sz(Vp);
-            float maxv = -INFINITY;
-            for (int i = 0; i < V; ++i) maxv = std::max(maxv, x[i]);
-            double sum = 0;
-            for (int i = 0; i < V; ++i) {
-                x[i] = std::exp(x[i] - maxv);
-                sum += x[i];
-            }
-            float inv = static_cast<float>(1.0 / sum);
-            for (int i = 0; i < V; ++i) x[i] *= inv;
-            for (int i = V; i < Vp; ++i) x[i] = 0.0f;
+            // 1. The row's maximum.
+            const float maxv = lane_max(x, sz(V));
+            // 2. exp(x - max) written in place and summed in the same pass, in float64 lanes
+            //    (tens of thousands of terms); then the scaling.
+            const double sum = lane_sum<double>(sz(V), [&](std::size_t i) { return x[i] = exp_approx(x[i] - maxv); });
+            const float inv = static_cast<float>(1.0 / sum);
+            for (std::size_t i = 0; i < sz(V); ++i) x[i] *= inv;
+            std::fill(x + V, x + Vp, 0.0f);
             losses[r] = -std::log(x[targets[r]]);
         }
     });
@@ -417,8 +428,10 @@ void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* t
     pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
         for (std::size_t r = r0; r < r1; ++r) {
             float* p = probs + r * sz(Vp);
-            for (int i = 0; i < V; ++i) p[i] = (p[i] - (i == targets[r] ? 1.0f : 0.0f)) * dloss;
-            for (int i = V; i < Vp; ++i) p[i] = 0.0f;
+            const float target_grad = (p[targets[r]] - 1.0f) * dloss;
+            for (std::size_t i = 0; i < sz(V); ++i) p[i] *= dloss;
+            p[targets[r]] = target_grad;
+            std::fill(p + V, p + Vp, 0.0f);
         }
     });
 }

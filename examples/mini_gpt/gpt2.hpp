@@ -18,7 +18,9 @@
 //   store can keep, offload or bring back a whole layer at once (activation_store).
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -233,6 +235,27 @@ void attention_forward(thread_pool& pool, float* out, float* att, const float* q
 // dqkv (B,T,3C) = (overwritten), using datt scratch (B,NH,T,T)
 void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
+// exp(x) in float with relative error below 4e-7 for x in [-87, 88] (inputs outside are clamped
+// to that range: no inf, no denormals); branch-free and inline so that the loops calling it
+// vectorise.
+inline float exp_approx(float x) noexcept {
+    // 1. Clamp so that 2^n below stays a normal float: exp(-87) ~ 1.6e-38, exp(88) ~ 1.7e38.
+    x = std::min(std::max(x, -87.0f), 88.0f);
+    // 2. x = n ln2 + r with n = round(x / ln2) (adding and subtracting 1.5 * 2^23 rounds to the
+    //    nearest integer) and |r| <= ln2/2; ln2 in two parts so that n ln2 is exact enough.
+    constexpr float round_magic = 0x1.8p23f;
+    const float n = (x * 1.44269504088896341f + round_magic) - round_magic;
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    // 3. exp(r) by Cephes' expf polynomial, then times 2^n built in the exponent bits.
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+}
 // out (N) = gelu_tanh(inp (N))
 void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N);
 // dinp (N) = gelu'(inp) * dout (overwritten; dinp may alias dout)
