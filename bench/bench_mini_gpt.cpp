@@ -6,9 +6,10 @@
 //  - sgemm_limit: a large fp32 matrix product (M=N=K=2048) through the trainer's own matmul
 //    path (our thread pool over OpenBLAS slices, 2 threads on the development machine): the
 //    FLOP/s ceiling of this machine for the model's arithmetic. Counter flops_per_s.
-//  - path_bandwidth: 256 MiB written and read back through a file tier (O_DIRECT where the
-//    file system allows) in the scratch directory, the path the offloaded optimizer uses.
-//    Counters write_bytes_per_s, read_bytes_per_s.
+//  - path_bandwidth: 1 GiB written and read back through a file tier (O_DIRECT where the
+//    file system allows) in the scratch directory, the path the offloaded state takes in the
+//    step rows; path_bandwidth/shm: the same on /dev/shm (a file tier in memory), the path of
+//    the gpt2_124M_shm row. Counters write_bytes_per_s, read_bytes_per_s.
 //  - step/<config>/<offload>/ranks:<P>: one training run; the row's time is the median step
 //    time over the steps after the first (the first allocates and, with the stash, profiles).
 //    Counters: model_flops_per_s, vs_limit (model FLOP/s over the sgemm limit measured again
@@ -19,9 +20,17 @@
 //    (train_gpt2.c) takes about 2.9 s per step for this config with 2 threads on the
 //    development machine, so this is 2.9 s over our median step. Rows other than `none`
 //    carry vs_none (this row's step time over the `none` row's of the same config and ranks),
-//    and the `optimizer` and `all` rows opt_io_floor_ms: the optimizer state's bytes per step
-//    (fp32 params, m and v, read and written) over path_bandwidth's figures, the step time the
-//    path alone allows; bandwidth_suffices is 1 when that floor is below the `none` step.
+//    and the `optimizer` and `all` rows (1 rank) the goal's premise ("when the paths'
+//    bandwidth suffices"): path_bytes_per_step (the optimizer state, fp32 params, m and v, and
+//    with `all` every layer's activations, each written and read once), path_floor_ms (those
+//    bytes over the path's measured write and read bandwidth; opt_io_floor_ms: the optimizer
+//    state's part), path_needed_bytes_per_s (the bytes over the `none` step) and
+//    bandwidth_suffices (1 when path_floor_ms is below the `none` step).
+//  - step/gpt2_124M_shm/all/ranks:1 and step/default_shm/all/ranks:1: the `all` runs with their
+//    paths on /dev/shm, where the bandwidth suffices (the disk of the development machine
+//    moves about 0.25-1 GB/s; a 124M step moves about 3.3 GB); vs_none against the `none` row
+//    of the same model. The bytes really go through file tiers, on a memory file system (on 2
+//    cores its copies take CPU time from the compute, as a disk's DMA would not).
 //  - 2 ranks: `mpirun -np 2` (with --oversubscribe, and --allow-run-as-root as root) on the
 //    mini_gpt binary with --json and one thread per rank, so both rows use 2 threads.
 // The `activations` and `all` rows use --act-split offload (every layer's activations go to
@@ -110,14 +119,34 @@ void sgemm_limit(benchmark::State& state) {
     state.counters["flops_per_s"] = flops;
 }
 
-// ---- The offload path's bandwidth ------------------------------------------------------------
+// ---- The offload paths' bandwidth ------------------------------------------------------------
 
-double path_write_bps = 0, path_read_bps = 0;  // set by the path_bandwidth row
+/// One offload path: where its files go and what the path_bandwidth row measured on it.
+struct offload_path {
+    std::filesystem::path dir;
+    double write_bps = 0, read_bps = 0;
+};
+offload_path disk_path;  // the scratch directory (SPILLWAY_BENCH_DIR), on the disk by default
+offload_path shm_path;   // a directory on /dev/shm (memory): the path whose bandwidth suffices
 
-void path_bandwidth(benchmark::State& state) {
-    const std::size_t blob = std::size_t{32} << 20, count = spillway::bench::smoke() ? 2 : 8;
-    auto dir = spillway::bench::scratch_dir() / "mini_gpt-bandwidth";
+/// The second path's directory, or empty where /dev/shm is not there.
+std::filesystem::path shm_dir() {
+    std::error_code ec;
+    if (!std::filesystem::is_directory("/dev/shm", ec)) return {};
+    return std::filesystem::path("/dev/shm") / ("spillway-bench-mini_gpt-" + std::to_string(::getpid()));
+}
+
+void path_bandwidth(benchmark::State& state, offload_path* path) {
+    // 1 GiB: a 256 MiB burst fits the caches below a virtual disk and overstates what a step
+    // that moves gigabytes sees.
+    const std::size_t blob = std::size_t{32} << 20, count = spillway::bench::smoke() ? 2 : 32;
+    if (path->dir.empty()) {
+        state.SkipWithError("/dev/shm is not a directory here");
+        return;
+    }
+    auto dir = path->dir / "mini_gpt-bandwidth";
     std::filesystem::create_directories(dir);
+    double path_write_bps = 0, path_read_bps = 0;
     for (auto _ : state) {
         spillway::file_tier<> tier(dir);
         std::vector<spillway::aligned_buffer> bufs;
@@ -140,6 +169,8 @@ void path_bandwidth(benchmark::State& state) {
         path_read_bps = static_cast<double>(blob * count) / r;
     }
     std::filesystem::remove_all(dir);
+    path->write_bps = path_write_bps;
+    path->read_bps = path_read_bps;
     state.counters["write_bytes_per_s"] = path_write_bps;
     state.counters["read_bytes_per_s"] = path_read_bps;
 }
@@ -156,12 +187,12 @@ struct series_run {
 std::vector<series_run> series;
 std::map<std::string, double> none_step_ms;  // "<config>/ranks:<P>" -> the none row's median step
 
-mini_gpt::options run_options(bool gpt2_124m, offload_mode mode) {
+mini_gpt::options run_options(bool gpt2_124m, offload_mode mode, const offload_path& path) {
     mini_gpt::options o;
     o.threads = bench_threads();
     o.quiet = true;
     o.offload = mode;
-    o.paths = {spillway::bench::scratch_dir() / "mini_gpt"};
+    o.paths = {path.dir / "mini_gpt"};
     o.act_split = 1 << 30;  // every layer's activations to the tier (see the file comment)
     if (gpt2_124m) {
         o.layers = 12;
@@ -231,10 +262,28 @@ series_run run_two_ranks(mini_gpt::options o) {
     return r;
 }
 
-void train_step(benchmark::State& state, bool gpt2_124m, offload_mode mode, int ranks) {
-    const mini_gpt::options o = run_options(gpt2_124m, mode);
-    const std::string config = gpt2_124m ? "gpt2_124M" : "default";
-    const std::string key = config + "/ranks:" + std::to_string(ranks);
+/// A step row: the model, the offload mode, the ranks, and the path the offloaded bytes take.
+struct row {
+    bool big;
+    offload_mode mode;
+    int ranks;
+    bool on_shm = false;  // the paths on /dev/shm instead of the scratch directory
+};
+
+void train_step(benchmark::State& state, const row& r) {
+    const bool gpt2_124m = r.big;
+    const offload_mode mode = r.mode;
+    const int ranks = r.ranks;
+    const offload_path& path = r.on_shm ? shm_path : disk_path;
+    if (path.dir.empty()) {
+        state.SkipWithError("/dev/shm is not a directory here");
+        return;
+    }
+    const mini_gpt::options o = run_options(gpt2_124m, mode, path);
+    // The shm rows compare against the `none` row of the same model (none touches no path).
+    const std::string model = gpt2_124m ? "gpt2_124M" : "default";
+    const std::string config = model + (r.on_shm ? "_shm" : "");
+    const std::string key = model + "/ranks:" + std::to_string(ranks);
     for (auto _ : state) {
         // The limit again, right before and after the run: the machines are shared, so a
         // ratio is only meaningful against a limit measured under the same load.
@@ -285,12 +334,21 @@ void train_step(benchmark::State& state, bool gpt2_124m, offload_mode mode, int 
         }
         if (mode == offload_mode::none) none_step_ms[key] = step_s * 1e3;
         else if (none_step_ms.count(key)) state.counters["vs_none"] = step_s * 1e3 / none_step_ms[key];
-        if ((mode == offload_mode::optimizer || mode == offload_mode::all) && path_read_bps > 0 && ranks == 1) {
-            // fp32 params, m and v of every parameter, read and written once per step.
+        if ((mode == offload_mode::optimizer || mode == offload_mode::all) && path.read_bps > 0 && ranks == 1) {
+            // The bytes the step moves through the path, each way: the fp32 params, m and v of
+            // every parameter, and with `all` every layer's activations (--act-split offload).
             const double state_bytes = 12.0 * static_cast<double>(rep.params);
-            const double floor_ms = (state_bytes / path_read_bps + state_bytes / path_write_bps) * 1e3;
-            state.counters["opt_io_floor_ms"] = floor_ms;
-            if (none_step_ms.count(key)) state.counters["bandwidth_suffices"] = floor_ms <= none_step_ms[key] ? 1 : 0;
+            const double act_bytes = mode == offload_mode::all ? static_cast<double>(rep.layer_act_bytes) : 0.0;
+            const double bytes = state_bytes + act_bytes;
+            const double floor_ms = (bytes / path.read_bps + bytes / path.write_bps) * 1e3;
+            state.counters["opt_io_floor_ms"] = (state_bytes / path.read_bps + state_bytes / path.write_bps) * 1e3;
+            state.counters["path_bytes_per_step"] = 2 * bytes;
+            state.counters["path_floor_ms"] = floor_ms;
+            // The goal's premise: the path moves the step's bytes within the `none` step time.
+            if (none_step_ms.count(key)) {
+                state.counters["path_needed_bytes_per_s"] = 2 * bytes / (none_step_ms[key] / 1e3);
+                state.counters["bandwidth_suffices"] = floor_ms <= none_step_ms[key] ? 1 : 0;
+            }
         }
         series.push_back(std::move(run));
     }
@@ -299,12 +357,17 @@ void train_step(benchmark::State& state, bool gpt2_124m, offload_mode mode, int 
 void register_all() {
     const bool smoke = spillway::bench::smoke();
     benchmark::RegisterBenchmark("sgemm_limit", sgemm_limit)->UseManualTime()->Iterations(smoke ? 2 : 5)->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("path_bandwidth", path_bandwidth)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
-    struct row {
-        bool big;
-        offload_mode mode;
-        int ranks;
-    };
+    disk_path.dir = spillway::bench::scratch_dir();
+    shm_path.dir = shm_dir();
+    benchmark::RegisterBenchmark("path_bandwidth", path_bandwidth, &disk_path)
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+    if (!smoke)
+        benchmark::RegisterBenchmark("path_bandwidth/shm", path_bandwidth, &shm_path)
+            ->UseManualTime()
+            ->Iterations(1)
+            ->Unit(benchmark::kMillisecond);
     const offload_mode modes[] = {offload_mode::none, offload_mode::optimizer, offload_mode::activations, offload_mode::all};
     std::vector<row> rows;
     for (offload_mode m : modes) rows.push_back({false, m, 1});
@@ -314,12 +377,14 @@ void register_all() {
         for (int ranks : {1, 2}) {
             rows.push_back({true, offload_mode::none, ranks});
             rows.push_back({true, offload_mode::all, ranks});
+            if (ranks == 1) rows.push_back({true, offload_mode::all, 1, true});
         }
+        rows.push_back({false, offload_mode::all, 1, true});
     }
     for (const auto& r : rows) {
-        std::string name = std::string("step/") + (r.big ? "gpt2_124M/" : "default/") + offload_name(r.mode) +
-                           "/ranks:" + std::to_string(r.ranks);
-        benchmark::RegisterBenchmark(name.c_str(), [r](benchmark::State& s) { train_step(s, r.big, r.mode, r.ranks); })
+        std::string name = std::string("step/") + (r.big ? "gpt2_124M" : "default") + (r.on_shm ? "_shm/" : "/") +
+                           offload_name(r.mode) + "/ranks:" + std::to_string(r.ranks);
+        benchmark::RegisterBenchmark(name.c_str(), [r](benchmark::State& s) { train_step(s, r); })
             ->UseManualTime()
             ->Iterations(1)
             ->Unit(benchmark::kMillisecond);
@@ -346,6 +411,10 @@ int main(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     write_series(side_file);
+    if (!shm_path.dir.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(shm_path.dir, ec);
+    }
     return 0;
 }
 

@@ -623,6 +623,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     if (report) {
         report->all_kept_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers) +
                                  model.fixed_activation_bytes();
+        report->layer_act_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers);
         report->flops_per_step = flops_tok * static_cast<double>(BT);
         report->params = nparams;
     }

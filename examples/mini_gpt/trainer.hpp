@@ -76,6 +76,7 @@ struct run_report {
     std::vector<double> cpu_ms;  // CPU time of the whole process (all threads) per step
     std::vector<std::size_t> act_peak_bytes;
     std::size_t all_kept_bytes = 0;  // activations if every layer were kept in memory
+    std::size_t layer_act_bytes = 0; // the layer blocks alone (what --act-split offload moves)
     double flops_per_step = 0;       // model FLOPs of one step (global batch)
     std::size_t params = 0;
 };
