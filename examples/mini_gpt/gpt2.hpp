@@ -236,8 +236,8 @@ void attention_forward(thread_pool& pool, float* out, float* att, const float* q
 void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 // exp(x) in float with relative error below 4e-7 for x in [-87, 88] (inputs outside are clamped
-// to that range: no inf, no denormals); branch-free and inline so that the loops calling it
-// vectorise.
+// to that range: no inf, no denormals; NaN stays NaN); branch-free and inline so that the
+// loops calling it vectorise.
 inline float exp_approx(float x) noexcept {
     // 1. Clamp so that 2^n below stays a normal float: exp(-87) ~ 1.6e-38, exp(88) ~ 1.7e38.
     x = std::min(std::max(x, -87.0f), 88.0f);
@@ -256,6 +256,7 @@ inline float exp_approx(float x) noexcept {
     p = p * (r * r) + r + 1.0f;
     return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
 }
+
 // out (N) = gelu_tanh(inp (N))
 void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N);
 // dinp (N) = gelu'(inp) * dout (overwritten; dinp may alias dout)
