@@ -15,7 +15,11 @@
 // and `vs_limit` = their ratio, with the per-round ratios' smallest and largest as
 // `vs_limit_lo` / `vs_limit_hi`. Timed writes are steady-state rewrites: the tier recycles
 // its replaced files (file_tier_options::spare_files), so it overwrites written blocks, as
-// fio does. Host tier rows: blobs of `bs` bytes; the limit is a memcpy of the same size
+// fio does. The tier's buffers use base pages (page_size::base), like fio's, so the grid
+// compares the engines alone; the `_huge_pages` rows (io_uring, 1 and 8 MiB, qd 32) repeat
+// a few cells with aligned_buffer's default, transparent huge pages for large buffers, against
+// the same fio job: their vs_limit is what a user's huge-page staging buffers gain over fio's
+// memory. Host tier rows: blobs of `bs` bytes; the limit is a memcpy of the same size
 // between resident buffers.
 //
 // Flags (besides Google Benchmark's): --full sweeps bs 128 KiB..64 MiB (powers of two) and
@@ -184,7 +188,7 @@ double contiguous_run_kib(std::span<const std::byte> bytes) {
 ///     spread, and buf_run_KiB, the median contiguity of the tier's buffers (see
 ///     contiguous_run_kib).
 template <class Engine>
-void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_t bs, unsigned qd) {
+void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_t bs, unsigned qd, page_size pages) {
     const std::size_t size = file_blob_size(bs, qd);
     const unsigned blobs = file_blobs_per_rep(bs, qd);
     auto dir_path = bench::scratch_dir() / "tiers";
@@ -199,7 +203,7 @@ void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_
         state.SkipWithError(e.what());
         return;
     }
-    aligned_buffer buf(size, memory_lock::unlocked, 4096, buffer_fill::uninitialized);
+    aligned_buffer buf(size, memory_lock::unlocked, 4096, buffer_fill::uninitialized, pages);
     fill_random(buf.bytes());
     const std::string key = "blob";
     tier->write(key, buf.bytes()).wait();
@@ -227,7 +231,7 @@ void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_
         const bool fio_first = ours.size() % 2 == 0;
         if (fio_first) run_fio();
         state.PauseTiming();
-        aligned_buffer fresh(size, memory_lock::unlocked, 4096, buffer_fill::uninitialized);
+        aligned_buffer fresh(size, memory_lock::unlocked, 4096, buffer_fill::uninitialized, pages);
         std::memcpy(fresh.data(), buf.data(), size);
         buf = std::move(fresh);
         runs_kib.push_back(contiguous_run_kib(buf.bytes()));
@@ -294,9 +298,9 @@ void host_row(benchmark::State& state, direction dir, std::size_t bs) {
     state.counters["vs_limit"] = bytes / secs / limit;
 }
 
-std::string row_name(direction dir, tier_kind kind, std::size_t bs, unsigned qd) {
+std::string row_name(direction dir, tier_kind kind, std::size_t bs, unsigned qd, page_size pages = page_size::base) {
     std::string n = std::string(dir == direction::read ? "read" : "write") + "/" + kind_name(kind) +
-                    "/bs_KiB:" + std::to_string(bs / KiB);
+                    (pages == page_size::automatic ? "_huge_pages" : "") + "/bs_KiB:" + std::to_string(bs / KiB);
     if (kind != tier_kind::host) n += "/qd:" + std::to_string(qd);
     return n;
 }
@@ -330,12 +334,23 @@ void register_rows(bool full) {
                     auto* b = benchmark::RegisterBenchmark(
                         row_name(dir, kind, bs, qd).c_str(), [=](benchmark::State& st) {
 #if SPILLWAY_HAS_LIBURING
-                            if (kind == tier_kind::uring) return file_row<uring_engine>(st, kind, dir, bs, qd);
+                            if (kind == tier_kind::uring) return file_row<uring_engine>(st, kind, dir, bs, qd, page_size::base);
 #endif
-                            file_row<posix_engine>(st, kind, dir, bs, qd);
+                            file_row<posix_engine>(st, kind, dir, bs, qd, page_size::base);
                         });
                     b->Iterations(bench::smoke() ? 1 : file_rounds())->UseRealTime()->Unit(benchmark::kMillisecond);
                 }
+#if SPILLWAY_HAS_LIBURING
+        // The same engine from huge-page buffers (aligned_buffer's default for large ones).
+        if (!bench::smoke() && uring_probe().available)
+            for (std::size_t bs : {1 * MiB, 8 * MiB}) {
+                auto* b = benchmark::RegisterBenchmark(
+                    row_name(dir, tier_kind::uring, bs, 32, page_size::automatic).c_str(), [=](benchmark::State& st) {
+                        file_row<uring_engine>(st, tier_kind::uring, dir, bs, 32, page_size::automatic);
+                    });
+                b->Iterations(file_rounds())->UseRealTime()->Unit(benchmark::kMillisecond);
+            }
+#endif
         for (std::size_t bs : sizes) {
             auto* b = benchmark::RegisterBenchmark(row_name(dir, tier_kind::host, bs, 1).c_str(),
                                                    [=](benchmark::State& st) { host_row(st, dir, bs); });
