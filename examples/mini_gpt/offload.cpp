@@ -72,6 +72,7 @@ public:
         //    so the lock name is derived from the directory, not from the process.
         spillway::virtual_tier_options vo;
         vo.name = "optimizer";
+        vo.locks.directory = s.lock_directory;
         for (const auto& p : s.paths) {
             auto dir = p / "mini_gpt-optimizer";
             make_dir(dir);

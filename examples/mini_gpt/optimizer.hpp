@@ -40,6 +40,7 @@ struct optimizer_settings {
     std::size_t subgroup = 1 << 16;               // parameters per subgroup
     int buffers = 4;                              // host buffers of the update pipeline
     std::vector<std::filesystem::path> paths;     // storage paths (offloaded back end)
+    std::filesystem::path lock_directory;         // node_lock files; empty: the library's default (/dev/shm)
     grad_dtype grads = grad_dtype::fp32;
     spillway::detail::thread_pool* pool = nullptr;  // the Adam step's threads
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)

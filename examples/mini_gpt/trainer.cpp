@@ -413,6 +413,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     os.subgroup = opt.subgroup;
     os.buffers = opt.buffers;
     os.paths = paths;
+    // A temporary path is this process's alone: its locks live (and go) with it, instead of
+    // leaving a lock file per run in /dev/shm.
+    if (temp_paths) os.lock_directory = temp_paths->path();
     os.grads = opt.grads;
     os.pool = &pool;
     os.recorder = recorder.get();
