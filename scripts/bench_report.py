@@ -971,7 +971,9 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
         out.append(f"The matmul limit (M=N=K fp32 product through the trainer's matmul path): "
                    f"{fmt(sgemm.get('flops_per_s') / 1e9, 1)} GFLOP/s.\n")
     for _, r in paths:
-        out.append(f"The offload path (a file tier in the scratch directory): write "
+        where = ("/dev/shm, the `_shm` rows' path" if r.name.startswith("path_bandwidth/shm")
+                 else "the scratch directory")
+        out.append(f"The offload path (a file tier in {where}): write "
                    f"{fmt(mb(r.get('write_bytes_per_s')), 0)} MB/s, "
                    f"read {fmt(mb(r.get('read_bytes_per_s')), 0)} MB/s.\n")
     if rows:
