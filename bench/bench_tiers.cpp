@@ -16,7 +16,7 @@
 // `vs_limit_lo` / `vs_limit_hi`. Timed writes are steady-state rewrites: the tier recycles
 // its replaced files (file_tier_options::spare_files), so it overwrites written blocks, as
 // fio does. The tier's buffers use base pages (page_size::base), like fio's, so the grid
-// compares the engines alone; the `_huge_pages` rows (io_uring, 1 and 8 MiB, qd 32) repeat
+// compares the engines alone; the `_huge_pages` rows (io_uring, 1 and 8 MiB, qd 8 and 32) repeat
 // a few cells with aligned_buffer's default, transparent huge pages for large buffers, against
 // the same fio job: their vs_limit is what a user's huge-page staging buffers gain over fio's
 // memory. Host tier rows: blobs of `bs` bytes; the limit is a memcpy of the same size
@@ -343,13 +343,14 @@ void register_rows(bool full) {
 #if SPILLWAY_HAS_LIBURING
         // The same engine from huge-page buffers (aligned_buffer's default for large ones).
         if (!bench::smoke() && uring_probe().available)
-            for (std::size_t bs : {1 * MiB, 8 * MiB}) {
-                auto* b = benchmark::RegisterBenchmark(
-                    row_name(dir, tier_kind::uring, bs, 32, page_size::automatic).c_str(), [=](benchmark::State& st) {
-                        file_row<uring_engine>(st, tier_kind::uring, dir, bs, 32, page_size::automatic);
-                    });
-                b->Iterations(file_rounds())->UseRealTime()->Unit(benchmark::kMillisecond);
-            }
+            for (std::size_t bs : {1 * MiB, 8 * MiB})
+                for (unsigned qd : {8u, 32u}) {
+                    auto* b = benchmark::RegisterBenchmark(
+                        row_name(dir, tier_kind::uring, bs, qd, page_size::automatic).c_str(), [=](benchmark::State& st) {
+                            file_row<uring_engine>(st, tier_kind::uring, dir, bs, qd, page_size::automatic);
+                        });
+                    b->Iterations(file_rounds())->UseRealTime()->Unit(benchmark::kMillisecond);
+                }
 #endif
         for (std::size_t bs : sizes) {
             auto* b = benchmark::RegisterBenchmark(row_name(dir, tier_kind::host, bs, 1).c_str(),

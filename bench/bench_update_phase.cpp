@@ -37,7 +37,9 @@
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
 // SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each single-process row as Chrome
 // trace JSON (DIR/<row>.json, for Perfetto). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
-// sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth.
+// sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth;
+// SPILLWAY_UPDATE_PHASE_PAGES=huge gives the pipeline buffers the library's default huge
+// pages instead of fio's base pages (see buffer_pages).
 #include <benchmark/benchmark.h>
 
 #include <spillway/lock/node_lock.hpp>
@@ -206,6 +208,15 @@ std::size_t compute_threads() { return static_cast<std::size_t>(std::max(1L, env
 /// deep enough that scheduling delays of the I/O threads on a busy machine do not idle the disk.
 unsigned queue_depth() { return static_cast<unsigned>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_QD", 32), 1L, 256L)); }
 
+/// The pipeline buffers' pages (SPILLWAY_UPDATE_PHASE_PAGES=huge|base, default base): base
+/// pages like fio's, whose run is the floor. The library's default, transparent huge pages,
+/// moves data faster on a virtual disk than fio's base-page buffers do (a baseline row ran at
+/// 1.75x its fio floor), which would make every floor meaningless.
+page_size buffer_pages() {
+    const char* v = std::getenv("SPILLWAY_UPDATE_PHASE_PAGES");
+    return v && std::string(v) == "huge" ? page_size::automatic : page_size::base;
+}
+
 struct paths {
     fs::path disk, shm, locks;
 };
@@ -231,6 +242,7 @@ pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buff
     cfg.param_count = params;
     cfg.subgroup_size = sh.subgroup_size;
     cfg.host_buffers = std::max<std::size_t>(3, buffer_bytes / ((fp32 ? 16 : 12) * sh.subgroup_size));
+    cfg.pages = buffer_pages();
     // SPILLWAY_UPDATE_PHASE_PIECE_KIB and _WINDOW (pieces in flight per direction and path)
     // override the pipeline's I/O granularity (its defaults otherwise), the same for every row.
     if (long kib = env_long("SPILLWAY_UPDATE_PHASE_PIECE_KIB", 0); kib > 0)

@@ -149,6 +149,9 @@ struct pipeline_config {
     std::size_t subgroup_size = 0;  ///< parameters per subgroup (> 0; the last one may be smaller)
     std::size_t host_buffers = 3;   ///< subgroup buffers (>= 3); beyond 3 they form the resident set
     memory_lock lock = memory_lock::unlocked;  ///< mlock() the buffers
+    /// The buffers' pages: page_size::automatic (transparent huge pages, see aligned_buffer)
+    /// or page_size::base (e.g. to compare with a program that uses base pages).
+    page_size pages = page_size::automatic;
     adamw_config adam{};  ///< AdamW hyper-parameters (lr, betas, eps, weight decay)
     double max_grad_norm = 0;  ///< global-norm clipping threshold; 0 turns clipping off
     /// Bytes of one piece (> 0, a multiple of 4096): a subgroup's blob is stored as
@@ -594,7 +597,7 @@ private:
         std::size_t nbytes = 3 * sizeof(float) * cfg_.subgroup_size;
         if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
         bufs_.resize(cfg_.host_buffers);
-        for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock);
+        for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock, default_alignment, buffer_fill::zeroed, cfg_.pages);
         const std::size_t window =
             tier_with_children<Tier> ? std::numeric_limits<std::size_t>::max() : cfg_.pieces_in_flight;
         io_ = std::make_unique<detail::piece_io<Tier>>(tier_, bufs_.size(), window);
