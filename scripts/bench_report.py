@@ -422,6 +422,7 @@ def skipped_rows(rows: list[Row]) -> str:
 # ---- Storage tiers ------------------------------------------------------------------------
 
 _TIER_ROW = re.compile(r"^(read|write)/(file_io_uring|file_posix|host)/bs_KiB:(\d+)(?:/qd:(\d+))?")
+_TIER_HUGE_ROW = re.compile(r"^(read|write)/file_io_uring_huge_pages/bs_KiB:(\d+)/qd:(\d+)")
 _ENGINE_NAME = {"file_io_uring": "io_uring", "file_posix": "POSIX", "host": "host"}
 TIERS_GOAL = 0.9
 
@@ -431,7 +432,7 @@ def block_text(kib: int) -> str:
 
 
 def render_tiers(rep: BenchReport, ctx: Context) -> SectionOutput:
-    (matched,), rest = classify(rep.rows, _TIER_ROW)
+    (matched, huge), rest = classify(rep.rows, _TIER_ROW, _TIER_HUGE_ROW)
     file_rows, host_rows = [], []
     for m, r in matched:
         op, kind, kib, qd = m.group(1), m.group(2), int(m.group(3)), int(m.group(4) or 1)
@@ -458,6 +459,14 @@ def render_tiers(rep: BenchReport, ctx: Context) -> SectionOutput:
         out.append(details(f"All file tier rows ({len(file_rows)})",
                            md_table(["op", "engine", "block", "qd", "ours GB/s", "fio GB/s", "vs_limit", "spread"],
                                     body, numeric_from=2)))
+    if huge:
+        body = [[m.group(1), block_text(int(m.group(2))), m.group(3), fmt(gb(r.get("bytes_per_second"))),
+                 fmt(gb(r.get("fio_bytes_per_second"))), fmt(r.get("vs_limit")), fmt_spread(r),
+                 fmt(r.get("buf_run_KiB"), 0)] for m, r in huge]
+        out.append("**Huge-page buffers** (io_uring; `aligned_buffer`'s default for large buffers) against the "
+                   "same fio job as the grid's cell:\n\n" +
+                   md_table(["op", "block", "qd", "ours GB/s", "fio GB/s", "vs_limit", "spread", "buffer run KiB"],
+                            body, numeric_from=1))
     if host_rows:
         body = [[op, block_text(kib), fmt(gb(r.get("bytes_per_second"))),
                  fmt(gb(r.get("memcpy_bytes_per_second"))), fmt(r.get("vs_limit")), fmt_cv(r)]
