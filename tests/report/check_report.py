@@ -136,6 +136,28 @@ class ReportTest(unittest.TestCase):
         self.assertIn("Other rows", tiers_text)
         self.assertIn("new_counter_xyz", tiers_text)
 
+    def test_huge_page_rows_get_their_table_and_headline(self):
+        d = self.copy_fixtures("huge", ["tiers"])
+        tiers = json.loads((d / "tiers.json").read_text())
+        base = next(b for b in tiers["benchmarks"] if b["name"].startswith("write/file_io_uring/bs_KiB:1024/qd:"))
+        for qd, ratio in ((8, 0.5), (32, 3.25)):
+            row = dict(base)
+            name = f"write/file_io_uring_huge_pages/bs_KiB:1024/qd:{qd}/iterations:6/real_time"
+            row.update(name=name, run_name=name, vs_limit=ratio, buf_run_KiB=2048.0)
+            tiers["benchmarks"].append(row)
+        (d / "tiers.json").write_text(json.dumps(tiers))
+        out = self.work / "huge-out"
+        rc, err = run_report(self.report, d, out)
+        self.assertEqual(rc, 0, err)
+        text = (out / "benchmarks.md").read_text()
+        tiers_text = sections_of(text)[self.report.SECTIONS[0].title]
+        self.assertIn("**Huge-page buffers**", tiers_text)
+        self.assertIn("| write | 1 MiB | 32 |", tiers_text)
+        self.assertNotIn("file_io_uring_huge_pages", tiers_text)  # not among the unknown rows
+        line = next(x for x in text.splitlines() if "default huge-page buffers" in x)
+        self.assertIn("1 of 2 cells; min 0.50", line)
+        self.assertTrue(line.rstrip().endswith("not met |"), line)
+
     def test_malformed_json_names_file_and_keeps_old_report(self):
         d = self.copy_fixtures("broken", [p.stem for p in self.fixtures.glob("*.json")])
         (d / "adam.json").write_text('{"context": {}, "benchmarks": [')
