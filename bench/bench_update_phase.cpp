@@ -1,9 +1,9 @@
 // bench_update_phase: the update phase of an offloaded optimizer, MLP-Offload's ablation
 // reproduced in one run, each row against the storage floor measured in the same run.
 //
-// Set-up: AdamW state (fp32 params, m, v: 12 bytes per parameter) of >= 4 GiB in subgroups of
-// 2^23 parameters (96 MiB blobs), fp16 gradients and an fp16 compute copy in host memory,
-// and the same host-buffer budget (16 x 96 MiB) for every row. Two storage paths:
+// Set-up: AdamW state (fp32 params, m, v: 12 bytes per parameter) of >= 4 GiB in 88 subgroups
+// of 2^22 parameters (48 MiB blobs), fp16 gradients and an fp16 compute copy in host memory,
+// and the same host-buffer budget (32 x 48 MiB = 1.5 GiB) for every row. Two storage paths:
 //   disk: a file tier (io_uring, O_DIRECT) in the scratch directory;
 //   shm:  a file tier on /dev/shm behind a throttled_tier capped at half the disk's read and
 //         write bandwidth, measured here with fio (so the two paths never share a device):
@@ -13,17 +13,19 @@
 //   1 baseline         DeepSpeed ZeRO-3 NVMe-like: ascending order, no resident set, fp32
 //                      gradients written to the tier in backward (hand-over) and read back
 //   2 +lazy_widening   fp16 gradients stay in host memory, widened inside the Adam step
-//   3 +alternating     alternating order, the 13 spare buffers keep subgroups resident
+//   3 +alternating     alternating order, the 29 spare buffers keep subgroups resident
 //   4 +second_path     virtual tier over disk and shm (placement fixed at the bandwidths
 //                      measured here, 2:1: the adaptive estimate swung from call to call
 //                      on the shared disk and moved most keys back and forth),
 //                      thread_lock: one read and one write per path at a time
 //   5 +node_lock_2proc two worker processes, each half the parameters and half the buffers,
 //                      sharing both paths under node_lock (one reader and one writer per path)
-// Noise: the disk is shared, so every row is built first (its state initialised on its own
-// files) and then the rows are called in rounds: one warm-up round (the first call reads every
-// subgroup), then `timed_calls` rounds of one call per row, each round followed by a fresh
-// fio measurement of the disk. Speedups and vs_limit are taken per round, then the median.
+// Noise: the disk is shared (the same call took 3.8 s in one round and 20 s in another), so
+// every row is built first (its state initialised on its own files) and then the rows are
+// called in rounds: one warm-up round (the first call reads every subgroup), then
+// `timed_calls` rounds of one call per row. In a timed round fio measures the disk for 3 s
+// before the first row and after every row, so each call is bracketed by two measurements and
+// its floor uses their mean. Speedups and vs_limit are taken per round, then the median.
 // Counters per row: update_s (median over the timed calls), read_wait_s, compute_s,
 // write_wait_s, bytes_read, bytes_written, bytes_moved, handover_s (backward's gradient
 // hand-over), served_resident, speedup (baseline update_s / row update_s),
@@ -32,8 +34,8 @@
 // 12 bytes per parameter each way less the resident set, + 4 per parameter read for fp32
 // gradients) over the aggregate bandwidth of the row's paths: the disk's bandwidth under a
 // 50/50 read/write mix (fio rw=rw, 1 MiB blocks, the engines' queue depth, O_DIRECT,
-// io_uring), plus,
-// for two paths, the shm path's throttle (half of it).
+// io_uring; the mean of the measurements right before and right after the call), plus, for
+// two paths, the shm path's throttle (half of the calibration's figure).
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
 // SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each single-process row as Chrome
 // trace JSON (DIR/<row>.json, for Perfetto). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
@@ -88,14 +90,18 @@ long env_long(const char* name, long fallback) {
     return s && *s ? std::strtol(s, nullptr, 10) : fallback;
 }
 
-/// SPILLWAY_UPDATE_PHASE_SUBGROUP shrinks the subgroups (parameters each, default 2^23) for a
+/// SPILLWAY_UPDATE_PHASE_SUBGROUP shrinks the subgroups (parameters each, default 2^22) for a
 /// run on a busy machine; the count of subgroups and buffers stays, so do the ratios.
+/// Why 48 MiB subgroups: the budget is fixed in bytes, and every worker process spends three
+/// buffers on streaming (read, update, write); smaller subgroups leave more of the budget to
+/// the resident set (29 of 88 subgroups for one process, 2 x 13 for two, against 13 and
+/// 2 x 5 of 44 with 96 MiB), while 48 MiB (three 16 MiB pieces) still keeps a path busy.
 /// SPILLWAY_UPDATE_PHASE_CALLS sets the timed calls per row (default 3).
 shape the_shape() {
     if (bench::smoke()) return {16384, 12, 6, 1};
-    const long subgroup = std::max(4096L, env_long("SPILLWAY_UPDATE_PHASE_SUBGROUP", 1L << 23));
+    const long subgroup = std::max(4096L, env_long("SPILLWAY_UPDATE_PHASE_SUBGROUP", 1L << 22));
     const int calls = static_cast<int>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_CALLS", 3), 1L, 50L));
-    return {static_cast<std::size_t>(subgroup), 44, 16, calls};  // 4.125 GiB of state, 1.5 GiB of buffers
+    return {static_cast<std::size_t>(subgroup), 88, 32, calls};  // 4.125 GiB of state, 1.5 GiB of buffers
 }
 
 
@@ -109,15 +115,16 @@ struct bandwidths {
 
 unsigned queue_depth();
 
-/// The disk's bandwidth under the update's pattern: half reads, half writes.
-bandwidths measure_disk(const fs::path& dir, const shape& sh) {
+/// The disk's bandwidth under the update's pattern: half reads, half writes, for `seconds`.
+/// The 2 GiB file stays for the next measurement (laying it out again would write 2 GiB).
+bandwidths measure_disk(const fs::path& dir, const shape& sh, int seconds = 6) {
     bandwidths bw;
     if (!bench::smoke() && bench::fio_available()) {
         auto file = dir / "fio-mix.dat";
         auto r = bench::run_fio("--name=mix --filename=" + file.string() +
                                 " --rw=rw --rwmixread=50 --bs=1M --iodepth=" + std::to_string(queue_depth()) +
-                                " --direct=1 --ioengine=io_uring --size=2G --runtime=6 --time_based");
-        fs::remove(file);
+                                " --direct=1 --ioengine=io_uring --size=2G --runtime=" + std::to_string(seconds) +
+                                " --time_based");
         bw.disk_read = r.read_bytes_per_second;
         bw.disk_write = r.write_bytes_per_second;
         if (r.ok() && bw.disk_read > 0 && bw.disk_write > 0) {
@@ -198,6 +205,7 @@ double median(std::vector<double> v) {
 struct sample {
     double secs = 0, read_wait = 0, compute = 0, write_wait = 0, handover = 0;
     double bytes_read = 0, bytes_written = 0, served = 0;
+    double disk = 0;  // the disk's mixed bandwidth around the call (bytes/s, see the round loop)
 };
 
 /// Threads of the Adam step (SPILLWAY_UPDATE_PHASE_THREADS, default 1): the update phase is
@@ -623,6 +631,10 @@ results& the_results() {
                         }
                     }
                 }
+                // The disk right before this row (the first of the round) or after the previous one.
+                auto mark = [&] { return bench::smoke() ? bw.disk_total() : measure_disk(p.disk, sh, 3).disk_total(); };
+                double before = round > 0 ? mark() : 0;
+                if (round > 0) disk_totals.push_back(before);
                 for (auto& r : rows) {
                     if (!r->error.empty()) continue;
                     try {
@@ -635,12 +647,17 @@ results& the_results() {
                                      "[update_phase] round %d %-22s update %.3f s  read-wait %.3f  compute %.3f  "
                                      "write-wait %.3f  hand-over %.3f\n",
                                      round, r->name.c_str(), x.secs, x.read_wait, x.compute, x.write_wait, x.handover);
-                        if (round > 0) r->samples.push_back(x);
+                        if (round > 0) {
+                            const double after = mark();
+                            disk_totals.push_back(after);
+                            x.disk = (before + after) / 2;
+                            before = after;
+                            r->samples.push_back(x);
+                        }
                     } catch (const std::exception& e) {
                         r->error = e.what();
                     }
                 }
-                if (round > 0) disk_totals.push_back(bench::smoke() ? bw.disk_total() : measure_disk(p.disk, sh).disk_total());
                 std::fprintf(stderr, "[update_phase] round %d done\n", round);
             }
             const auto& b = *rows[0];
@@ -667,7 +684,7 @@ results& the_results() {
                     s.served = med([](const sample& x) { return x.served; });
                     std::vector<double> floors, vs, sp, sph;
                     for (std::size_t k = 0; k < r->samples.size(); ++k) {
-                        double agg = disk_totals[std::min(k, disk_totals.size() - 1)] + (r->two_paths ? shm_total : 0);
+                        double agg = r->samples[k].disk + (r->two_paths ? shm_total : 0);
                         double fl = r->traffic / agg;
                         floors.push_back(fl);
                         vs.push_back(fl / r->samples[k].secs);
