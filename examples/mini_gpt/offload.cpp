@@ -245,9 +245,13 @@ public:
         st.acts.inp = inp;
         auto ptrs = st.acts.tensors();
         for (std::size_t i = 0; i < ptrs.size(); ++i) {
-            st.buffers[i] = stash_->allocate(bytes_[i]);
+            if (next_[i].data()) {
+                st.buffers[i] = std::move(next_[i]);  // already counted in mine_
+            } else {
+                st.buffers[i] = stash_->allocate(bytes_[i]);
+                mine_ += st.buffers[i].capacity();
+            }
             *ptrs[i] = st.buffers[i].as<float>().data();
-            mine_ += st.buffers[i].capacity();
         }
         sample();
         return st.acts;
@@ -259,6 +263,13 @@ public:
         auto& st = layers_[l];
         const char* names[] = {"ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "residual2", "ln2",
                                "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
+        // The next layer's buffers come from the pool first: the previous layer's tensors are
+        // there once their writes completed, and taking them out makes room for this layer's
+        // saves. Saving first would find the budget full, free those buffers, and leave the
+        // next layer to fault in (and zero) fresh memory. After the last layer they are kept
+        // through backward for the next step's layer 0 (forward holds two layers at its peak
+        // anyway; backward holds the stash's budget and these).
+        prepare_next_layer();
         // The previous layer's output is this layer's input (ln1's backward reads it); this
         // layer has read it, so it goes to the stash now, in this layer's scope.
         if (layer > 0) st.add(input_slot, save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
@@ -376,6 +387,13 @@ private:
         mine_ -= cap;  // the stash owns (and counts) it now
         return h;
     }
+    void prepare_next_layer() {
+        for (std::size_t i = 0; i < next_.size(); ++i) {
+            if (next_[i].data()) continue;
+            next_[i] = stash_->allocate(bytes_[i]);
+            mine_ += next_[i].capacity();
+        }
+    }
     void release_layer(layer_state& st) {
         for (auto& h : st.handles)
             if (h.valid()) stash_->release(h);
@@ -399,6 +417,7 @@ private:
     std::unique_ptr<spillway::activation_stash<tier_type>> stash_;
     std::array<std::size_t, layer_acts::num_tensors> bytes_{};
     std::vector<layer_state> layers_;
+    std::array<spillway::aligned_buffer, layer_acts::num_tensors> next_;  // the next layer's, taken early
     std::uint64_t version_ = 0;
     std::size_t mine_ = 0;  // bytes of buffers computed into and not yet handed over
     std::size_t peak_ = 0;

@@ -2,6 +2,7 @@
 // budget, tier failures, handle misuse, the adaptive split and concurrent use.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -170,6 +171,39 @@ TEST_CASE("deduplication: the same tensor is stored once; transposes and new ver
     auto h7 = stash.save(d, bytes);
     CHECK(stash.stats().tensors == 5);
     stash.release(h7);
+}
+
+TEST_CASE("a released tensor's blob is rewritten by a later write, and flush() erases what is left") {
+    test::gated_tier tier;
+    activation_stash stash(tier, offload_everything());
+    const std::size_t n = 64 * 1024, small = 16 * 1024;
+    std::vector<std::string> step_keys[2];
+    for (int step = 0; step < 2; ++step) {
+        auto a = random_bytes(n, 10 + step), b = random_bytes(small, 20 + step);
+        auto ha = stash.save(make_desc("a" + std::to_string(step), 1, {16 * 1024}), a);
+        auto hb = stash.save(make_desc("b" + std::to_string(step), 2, {4 * 1024}), b);
+        while (stash.stats().bytes_offloaded < (step + 1) * (n + small)) std::this_thread::yield();
+        auto log = tier.write_log();
+        step_keys[step].assign(log.end() - 2, log.end());
+        CHECK(same_bytes(stash.load(ha), a));  // the rewritten blobs hold this step's bytes
+        CHECK(same_bytes(stash.load(hb), b));
+        stash.release(ha);
+        stash.release(hb);
+        // Retired, not erased: the blobs wait for the next step's writes.
+        CHECK(test::eventually([&] { return tier.inner().used() == n + small; }));
+    }
+    // Each key went to the tensor of its own size: no blob changed size, none was created.
+    CHECK(step_keys[1] == step_keys[0]);
+    CHECK(step_keys[0][0] != step_keys[0][1]);
+    stash.flush();
+    CHECK(tier.inner().used() == 0);
+    // After an erase a key is never used again.
+    auto c = random_bytes(n, 30);
+    auto hc = stash.save(make_desc("c", 3, {16 * 1024}), c);
+    stash.flush();
+    CHECK(std::find(step_keys[0].begin(), step_keys[0].end(), tier.write_log().back()) == step_keys[0].end());
+    CHECK(same_bytes(stash.load(hc), c));
+    stash.release(hc);
 }
 
 TEST_CASE("forwarding: backward takes tensors still in memory; unstarted writes are skipped") {

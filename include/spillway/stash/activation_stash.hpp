@@ -39,8 +39,11 @@
 ///     decides: keep (small, or in a kept layer) or offload (queue a write). The profiling
 ///     step of the adaptive split offloads every tensor above the threshold, so that it needs
 ///     no more memory than offloading does.
-///  2. A writer thread writes the queued tensor to the tier under the key
-///     "<key_prefix>-<stash serial>-<entry>". When the write completes, the resident buffer is
+///  2. A writer thread writes the queued tensor to the tier under a key
+///     "<key_prefix>-<stash serial>-<n>": the key of a released tensor's blob when one is
+///     retired (step 6; one of the same size first), so that the write rewrites that blob
+///     instead of the tier creating one and deleting another per tensor; a new key otherwise.
+///     When the write completes, the resident buffer is
 ///     freed (returned to the pool), unless backward already took the tensor or it lies in the
 ///     prefetch window, in which case it stays resident (forwarded).
 ///  3. Backward begins with start_backward() or the first load(). On the profiling step the
@@ -56,8 +59,12 @@
 ///  5. load(handle) returns a view of the resident bytes, waiting for a read in flight or
 ///     issuing one (load_wait_seconds); the view stays valid until the handle is released.
 ///  6. release(handle) drops the handle's reference; with the last one the buffer is freed, a
-///     queued write is skipped, and the tier blob is erased on the writer thread (after any
-///     I/O in flight on it ends; flush() waits for erases too).
+///     queued write is skipped, and the tier blob is retired once any I/O in flight on it
+///     ends: it stays on the tier for a later write to rewrite (step 2). Retired blobs are at
+///     most as many as the stash ever had on the tier at once; flush(), reset() and the
+///     destructor erase them (on the writer thread), so afterwards the tier holds exactly
+///     the blobs of live tensors. A key is reused only after every I/O on it ended, and never
+///     once its erase was issued.
 ///  7. A save() or begin_layer() after backward began starts the next step.
 /// Errors: a failed write is reported by the next save(), begin_layer() or flush() (once)
 /// and by every load() of that tensor (unless backward already held it: its resident copy
@@ -157,7 +164,7 @@ struct stash_options {
     /// beyond that while resident bytes stay within the most the stash held in this step or
     /// the last: the pool never lifts the peak by more than pool_limit.
     std::size_t pool_limit = std::size_t{64} << 20;
-    /// First part of every tier key ("<key_prefix>-<stash serial>-<entry>"); must pass
+    /// First part of every tier key ("<key_prefix>-<stash serial>-<n>"); must pass
     /// validate_key (std::invalid_argument naming it at construction). Each stash in a
     /// process has its own serial, so stashes sharing a tier and a prefix never collide;
     /// stashes of different processes sharing a tier need different prefixes.
@@ -320,6 +327,7 @@ public:
         writer_.reset();
         for (auto& [id, e] : entries_)
             if (e->on_tier) erase_blob(e->key);
+        for (auto& [size, key] : retired_keys_) erase_blob(key);
     }
 
     // ---- forward ----------------------------------------------------------------------
@@ -445,7 +453,8 @@ public:
     }
 
     /// Drops the handle's reference (the handle becomes released). The last reference frees
-    /// the tensor: its buffer, any queued write, its tier blob. Throws std::invalid_argument
+    /// the tensor: its buffer, any queued write, its tier blob (retired for a later write to
+    /// rewrite, erased by flush(); see step 6). Throws std::invalid_argument
     /// on a misused handle (double release, moved-from, empty, another stash's).
     void release(stash_handle& handle) {
         std::unique_lock lock(mutex_);
@@ -459,17 +468,18 @@ public:
 
     // ---- whole-stash ------------------------------------------------------------------
 
-    /// Waits for every write and blob erase issued so far; throws the first unreported write
-    /// failure.
+    /// Waits for every write issued so far, then erases the blobs of released tensors kept
+    /// for rewriting (step 6) and waits for every erase: afterwards the tier holds exactly the
+    /// blobs of live tensors. Throws the first unreported write failure.
     void flush() {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return writes_pending_ == 0 && erases_pending_ == 0; });
+        wait_for_io_and_erase_retired(lock, io_scope::writes);
         throw_pending();
     }
 
     /// Releases every live handle (they become unknown to the stash), waits for the I/O in
-    /// flight and forgets any unreported error: the way back to a clean state after a failed
-    /// step.
+    /// flight, erases the retired blobs and forgets any unreported error: the way back to a
+    /// clean state after a failed step.
     void reset() {
         std::unique_lock lock(mutex_);
         std::vector<std::uint64_t> ids;
@@ -479,7 +489,7 @@ public:
             auto it = entries_.find(id);
             if (it != entries_.end() && --it->second->refs == 0) drop(*it->second);
         }
-        cv_.wait(lock, [&] { return writes_pending_ == 0 && reads_pending_ == 0 && erases_pending_ == 0; });
+        wait_for_io_and_erase_retired(lock, io_scope::reads_and_writes);
         pending_error_ = nullptr;
         phase_ = phase::backward;  // the next save starts a new step
     }
@@ -570,6 +580,11 @@ private:
         return std::chrono::duration<double>(clock::now() - t).count();
     }
     static std::size_t charge_of(std::size_t nbytes) noexcept { return align_up(nbytes == 0 ? 1 : nbytes); }
+    // A new buffer for bytes copied or read into it in full: zeroing it first would only
+    // double the cost of faulting its pages in.
+    static aligned_buffer buffer_to_overwrite(std::size_t nbytes) {
+        return aligned_buffer(nbytes, memory_lock::unlocked, default_alignment, buffer_fill::uninitialized);
+    }
 
     stash_handle save_impl(const tensor_desc& desc, std::span<const std::byte> bytes, aligned_buffer* adopt) {
         const std::size_t nbytes = extent_bytes(desc);
@@ -617,7 +632,7 @@ private:
             buffer = std::move(*adopt);
         } else {
             try {
-                if (!buffer.data()) buffer = aligned_buffer(nbytes);
+                if (!buffer.data()) buffer = buffer_to_overwrite(nbytes);
             } catch (...) {
                 lock.lock();
                 resident_ -= charge;
@@ -649,10 +664,12 @@ private:
     // again, writes_pending_ is one lower, and a failure is recorded on e (its error names
     // the tensor) and returned.
     std::exception_ptr write_entry(std::unique_lock<std::mutex>& lock, entry& e, std::span<const std::byte> bytes) {
+        e.key = take_key(e.nbytes);
+        const std::string key = e.key;
         lock.unlock();
         std::exception_ptr error;
         try {
-            tier_.write(e.key, bytes).wait();
+            tier_.write(key, bytes).wait();
         } catch (...) {
             error = std::current_exception();
         }
@@ -661,6 +678,7 @@ private:
         if (error) {
             ++stats_.failed_writes;
             e.error = detail::with_context(error, write_context(e));
+            erase_later(std::exchange(e.key, std::string()));  // it may hold a stale or torn blob
         }
         return error;
     }
@@ -710,7 +728,6 @@ private:
         e.id = ++next_entry_;
         e.label_ptr = std::move(label);
         e.identity = identity;
-        e.key = opt_.key_prefix + "-" + std::to_string(serial_) + "-" + std::to_string(e.id);
         e.nbytes = nbytes;
         e.position = position;
         e.step = step_;
@@ -1081,7 +1098,7 @@ private:
             stats_.bytes_offloaded += e.nbytes;
             if (e.refs == 0) {
                 free_buffer(std::move(e.buffer));
-                erase_later(e.key);
+                retire_key(e);
                 entries_.erase(e.id);
             } else if (e.pinned || in_prefetch_window(e)) {
                 note_forwarded(e);
@@ -1108,9 +1125,47 @@ private:
         }
     }
 
+    // A key for the write of `nbytes`: a retired one (its blob is rewritten in place, which
+    // spares a tier the creation and deletion of a file per tensor), of that size when there
+    // is one, else a new one "<key_prefix>-<stash serial>-<n>".
+    std::string take_key(std::size_t nbytes) {
+        if (!retired_keys_.empty()) {
+            auto it = retired_keys_.find(nbytes);
+            if (it == retired_keys_.end()) it = retired_keys_.begin();
+            std::string key = std::move(it->second);
+            retired_keys_.erase(it);
+            return key;
+        }
+        return opt_.key_prefix + "-" + std::to_string(serial_) + "-" + std::to_string(++next_key_);
+    }
+
+    // The tensor on the tier under e.key is gone and no I/O on the key is in flight: its blob
+    // stays for the next write to rewrite (flush(), reset() and the destructor erase it).
+    void retire_key(entry& e) {
+        if (shutting_down_) {
+            erase_blob(e.key);
+            return;
+        }
+        retired_keys_.emplace(e.nbytes, std::move(e.key));
+        e.key.clear();
+    }
+
+    enum class io_scope { writes, reads_and_writes };
+    // Waits for the writes (and with io_scope::reads_and_writes the reads) in flight and for
+    // every erase, then erases the retired blobs and waits for those erases too.
+    void wait_for_io_and_erase_retired(std::unique_lock<std::mutex>& lock, io_scope scope) {
+        auto idle = [&] {
+            return writes_pending_ == 0 && erases_pending_ == 0 &&
+                   (scope == io_scope::writes || reads_pending_ == 0);
+        };
+        cv_.wait(lock, idle);
+        for (auto& [size, key] : std::exchange(retired_keys_, {})) erase_later(std::move(key));
+        cv_.wait(lock, idle);
+    }
+
     // Erases a blob on the writer thread: unlinking a file can take milliseconds on a busy
-    // disk, and release() runs on the compute thread. Keys are never reused, so the erase
-    // cannot race with another operation on the same key.
+    // disk, and release() runs on the compute thread. A key whose erase was issued is never
+    // used again, so the erase cannot race with another operation on the same key.
     void erase_later(std::string key) {
         if (shutting_down_) {  // the pools are draining: erase here
             erase_blob(key);
@@ -1173,7 +1228,7 @@ private:
         lock.unlock();
         std::exception_ptr error;
         try {
-            if (!buffer.data()) buffer = aligned_buffer(nbytes);
+            if (!buffer.data()) buffer = buffer_to_overwrite(nbytes);
             tier_.read(key, std::span<std::byte>(buffer.data(), nbytes)).wait();
         } catch (...) {
             error = std::current_exception();
@@ -1183,7 +1238,7 @@ private:
         if (e.refs == 0) {
             if (buffer.data()) free_buffer(std::move(buffer));
             else resident_ -= charge_of(nbytes);
-            erase_later(e.key);
+            retire_key(e);
             entries_.erase(e.id);
         } else if (error) {
             ++stats_.failed_reads;
@@ -1244,7 +1299,7 @@ private:
             case entry_state::offloaded:
             case entry_state::lost:
                 free_buffer(std::move(e.buffer));
-                if (e.on_tier) erase_later(e.key);
+                if (e.on_tier) retire_key(e);
                 entries_.erase(e.id);
                 break;
             case entry_state::writing:
@@ -1273,7 +1328,8 @@ private:
     std::size_t step_held_peak_ = 0;  // most bytes held this step
     stash_stats stats_;
     std::exception_ptr pending_error_;
-    std::uint64_t next_entry_ = 0, next_handle_ = 0;
+    std::uint64_t next_entry_ = 0, next_handle_ = 0, next_key_ = 0;
+    std::multimap<std::size_t, std::string> retired_keys_;  // by blob size: blobs kept to be rewritten
     std::size_t writes_pending_ = 0, reads_pending_ = 0, erases_pending_ = 0;
     bool shutting_down_ = false;
 
