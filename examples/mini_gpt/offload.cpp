@@ -263,13 +263,6 @@ public:
         auto& st = layers_[l];
         const char* names[] = {"ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "residual2", "ln2",
                                "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
-        // The next layer's buffers come from the pool first: the previous layer's tensors are
-        // there once their writes completed, and taking them out makes room for this layer's
-        // saves. Saving first would find the budget full, free those buffers, and leave the
-        // next layer to fault in (and zero) fresh memory. After the last layer they are kept
-        // through backward for the next step's layer 0 (forward holds two layers at its peak
-        // anyway; backward holds the stash's budget and these).
-        prepare_next_layer();
         // The previous layer's output is this layer's input (ln1's backward reads it); this
         // layer has read it, so it goes to the stash now, in this layer's scope.
         if (layer > 0) st.add(input_slot, save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
@@ -380,19 +373,21 @@ private:
         d.layer = static_cast<std::uint32_t>(scope);
         return d;
     }
+    // Hands `buffer` over and keeps the free buffer of its size the stash gives back (the
+    // previous layer's, once written) for the next layer's tensor: the trainer then computes
+    // into the same memory step after step instead of faulting in (and zeroing) fresh pages.
+    // After the last layer the buffers wait through backward for the next step's layer 0
+    // (forward holds two layers at its peak anyway; backward holds the budget and these).
     spillway::stash_handle save(int scope, std::size_t owner, std::size_t tensor, const std::string& name,
                                 spillway::aligned_buffer& buffer) {
-        std::size_t cap = buffer.capacity();
-        auto h = stash_->save(desc(scope, owner, tensor, name), std::move(buffer));
-        mine_ -= cap;  // the stash owns (and counts) it now
-        return h;
-    }
-    void prepare_next_layer() {
-        for (std::size_t i = 0; i < next_.size(); ++i) {
-            if (next_[i].data()) continue;
-            next_[i] = stash_->allocate(bytes_[i]);
-            mine_ += next_[i].capacity();
+        mine_ -= buffer.capacity();  // the stash owns (and counts) it now
+        auto h = stash_->save_and_exchange(desc(scope, owner, tensor, name), buffer);
+        if (buffer.data()) {
+            mine_ += buffer.capacity();
+            if (next_[tensor].data()) mine_ -= next_[tensor].capacity();
+            next_[tensor] = std::move(buffer);
         }
+        return h;
     }
     void release_layer(layer_state& st) {
         for (auto& h : st.handles)
@@ -417,7 +412,7 @@ private:
     std::unique_ptr<spillway::activation_stash<tier_type>> stash_;
     std::array<std::size_t, layer_acts::num_tensors> bytes_{};
     std::vector<layer_state> layers_;
-    std::array<spillway::aligned_buffer, layer_acts::num_tensors> next_;  // the next layer's, taken early
+    std::array<spillway::aligned_buffer, layer_acts::num_tensors> next_;  // given back by saves, for the next layer
     std::uint64_t version_ = 0;
     std::size_t mine_ = 0;  // bytes of buffers computed into and not yet handed over
     std::size_t peak_ = 0;

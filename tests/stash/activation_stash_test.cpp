@@ -206,6 +206,40 @@ TEST_CASE("a released tensor's blob is rewritten by a later write, and flush() e
     stash.release(hc);
 }
 
+TEST_CASE("save_and_exchange hands back the buffer a completed write frees instead of freeing it") {
+    test::gated_tier tier;
+    auto opts = offload_everything();
+    const std::size_t n = 64 * 1024;
+    opts.memory_budget = n;  // one tensor: the second save waits for the first one's write
+    activation_stash stash(tier, opts);
+    auto a = random_bytes(n, 1), b = random_bytes(n, 2);
+    auto filled = [&](const std::vector<std::byte>& bytes) {
+        aligned_buffer buffer = stash.allocate(n);
+        std::memcpy(buffer.data(), bytes.data(), n);
+        return buffer;
+    };
+    aligned_buffer first = filled(a);
+    const std::byte* first_memory = first.data();
+    tier.close_writes();
+    auto ha = stash.save_and_exchange(make_desc("a", 1, {16 * 1024}), first);
+    CHECK(first.data() == nullptr);  // nothing free to hand back, and room without waiting
+    aligned_buffer second = filled(b);
+    std::thread opener([&] {
+        tier.wait_writes_entered(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        tier.open_writes();
+    });
+    auto hb = stash.save_and_exchange(make_desc("b", 2, {16 * 1024}), second);
+    opener.join();
+    CHECK(second.data() == first_memory);  // a's buffer, free once written, came back
+    CHECK(second.size() == n);
+    CHECK(stash.stats().peak_resident_bytes <= n);
+    CHECK(same_bytes(stash.load(hb), b));
+    stash.release(hb);
+    CHECK(same_bytes(stash.load(ha), a));
+    stash.release(ha);
+}
+
 TEST_CASE("forwarding: backward takes tensors still in memory; unstarted writes are skipped") {
     test::gated_tier tier;
     auto opts = offload_everything();

@@ -353,12 +353,22 @@ public:
     /// pending error of an earlier failed write, or the error of a synchronous write the
     /// budget forced (naming the tensor). Nothing is stored when it throws.
     [[nodiscard]] stash_handle save(const tensor_desc& desc, std::span<const std::byte> bytes) {
-        return save_impl(desc, bytes, nullptr);
+        return save_impl(desc, bytes, nullptr, nullptr);
     }
     /// Saves a buffer the trainer hands over (bytes().size() == extent_bytes(desc)); no copy.
     /// On an exception the buffer is left with the caller.
     [[nodiscard]] stash_handle save(const tensor_desc& desc, aligned_buffer&& buffer) {
-        return save_impl(desc, buffer.bytes(), &buffer);
+        return save_impl(desc, buffer.bytes(), &buffer, nullptr);
+    }
+    /// Saves `buffer` as save(desc, aligned_buffer&&) does and leaves in it a free buffer of
+    /// the same size() for the next tensor to be computed into (stale contents, no longer the
+    /// stash's, as from allocate()), or an empty one when none is free. When the save waits
+    /// for room under the budget, a buffer of that size that a completed write frees is
+    /// handed back rather than freed, so a trainer that saves a layer while the one before
+    /// is being written computes the next layer in that layer's buffers, without faulting in
+    /// fresh memory. On an exception `buffer` is left with the caller unchanged.
+    [[nodiscard]] stash_handle save_and_exchange(const tensor_desc& desc, aligned_buffer& buffer) {
+        return save_impl(desc, buffer.bytes(), &buffer, &buffer);
     }
 
     /// A buffer of nbytes for the trainer to compute into and hand over with save(desc,
@@ -417,6 +427,10 @@ public:
                     if (e.read_error) {
                         auto err = std::exchange(e.read_error, nullptr);
                         std::rethrow_exception(err);
+                    }
+                    if (pool_.contains(e.nbytes)) {  // a free buffer of its size: no room to make
+                        start_read(e, reserved::no);
+                        continue;
                     }
                     if (!make_room(lock, charge_of(e.nbytes)))
                         throw std::length_error(
@@ -586,7 +600,9 @@ private:
         return aligned_buffer(nbytes, memory_lock::unlocked, default_alignment, buffer_fill::uninitialized);
     }
 
-    stash_handle save_impl(const tensor_desc& desc, std::span<const std::byte> bytes, aligned_buffer* adopt) {
+    // `exchange` (only with `adopt`, the same buffer) receives a free buffer of the same size.
+    stash_handle save_impl(const tensor_desc& desc, std::span<const std::byte> bytes, aligned_buffer* adopt,
+                           aligned_buffer* exchange) {
         const std::size_t nbytes = extent_bytes(desc);
         expect_argument(bytes.size() == nbytes, "activation_stash::save: " + describe(desc) + " addresses " +
                                                     bytes_str(nbytes) + " but the buffer handed over holds " +
@@ -610,11 +626,12 @@ private:
         const bool offload = decide_offload(nbytes, position);
         // 1. Room under the budget, 2. a resident copy, 3. the entry.
         aligned_buffer buffer;
+        aligned_buffer swapped;  // the free buffer `exchange` receives
         std::size_t charge = 0;
         bool resident = true;
         if (adopt) {
             charge = adopt->capacity();
-            resident = make_room(lock, charge);
+            resident = make_room(lock, charge, exchange ? &swapped : nullptr, nbytes);
             if (resident) account(charge);
         } else if (auto pooled = take_pooled(nbytes)) {
             buffer = std::move(*pooled);  // its bytes move from the pool to the tensor
@@ -625,7 +642,10 @@ private:
             resident = make_room(lock, charge);
             if (resident) account(charge);
         }
-        if (!resident) return save_synchronously(lock, desc, identity, label, bytes, adopt, position);
+        if (!resident) {
+            give_back(std::move(swapped));
+            return save_synchronously(lock, desc, identity, label, bytes, adopt, position);
+        }
 
         lock.unlock();
         if (adopt) {
@@ -645,10 +665,12 @@ private:
             if (adopt) *adopt = std::move(buffer);
             else free_buffer(std::move(buffer));
             if (adopt) resident_ -= charge;
+            give_back(std::move(swapped));
             return add_reference(*hit, nbytes);
         }
         entry& e = new_entry(identity, label, nbytes, position);
         e.buffer = std::move(buffer);
+        if (exchange) *exchange = std::move(swapped);
         stats_.bytes_saved += nbytes;
         if (offload) {
             e.state = entry_state::queued;
@@ -998,6 +1020,17 @@ private:
         }
     }
 
+    // Returns a buffer taken for an exchange that did not happen: to the pool when the budget
+    // has room for it, else freed.
+    void give_back(aligned_buffer&& b) {
+        if (!b.data() || resident_ + b.capacity() > opt_.memory_budget) return;
+        resident_ += b.capacity();
+        pool_bytes_ += b.capacity();
+        std::size_t size = b.size();
+        pool_.emplace(size, std::move(b));
+        note_peaks();
+    }
+
     void trim_pool(std::size_t need) {
         while (!pool_.empty() && resident_ + need > opt_.memory_budget) {
             auto it = std::prev(pool_.end());  // largest first
@@ -1011,7 +1044,20 @@ private:
     // trims the pool, drops prefetched tensors not yet loaded (they are on the tier), waits
     // for writes to free their buffers, and as a last resort queues writes of kept tensors.
     // False when nothing can make room.
-    bool make_room(std::unique_lock<std::mutex>& lock, std::size_t charge) {
+    // With `swapped`, a free buffer of size() `swap_size` found in the pool (at once, or
+    // freed by a write while waiting) goes there instead of being trimmed; it leaves the
+    // stash's resident bytes, so it makes room too.
+    bool make_room(std::unique_lock<std::mutex>& lock, std::size_t charge, aligned_buffer* swapped = nullptr,
+                   std::size_t swap_size = 0) {
+        auto take_swap = [&] {
+            if (!swapped || swapped->data()) return false;
+            auto b = take_pooled(swap_size);
+            if (!b) return false;
+            resident_ -= b->capacity();
+            *swapped = std::move(*b);
+            return true;
+        };
+        take_swap();
         if (charge > opt_.memory_budget) return false;
         std::optional<clock::time_point> since;
         auto done = [&](bool ok) {
@@ -1019,6 +1065,7 @@ private:
             return ok;
         };
         while (resident_ + charge > opt_.memory_budget) {
+            if (take_swap()) continue;
             trim_pool(charge);
             if (resident_ + charge <= opt_.memory_budget) break;
             entry* drop_candidate = nullptr;
