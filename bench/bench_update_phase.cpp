@@ -6,9 +6,10 @@
 // and the same host-buffer budget (32 x 48 MiB = 1.5 GiB) for every row. Two storage paths:
 //   disk: a file tier (io_uring, O_DIRECT) in the scratch directory;
 //   shm:  a file tier on /dev/shm behind a throttled_tier capped at half the disk's read and
-//         write bandwidth, measured here with fio (so the two paths never share a device):
-//         after the warm-up round of the two-path rows, as the median of three fio runs
-//         (calibrate_disk), so that the cap is half of the disk the timed rounds see.
+//         write bandwidth, measured here with fio (so the two paths never share a device)
+//         right before each call of a two-path row: the disk's speed swings 2x within
+//         minutes, and a cap set once from a slow moment made the shm path the bottleneck of
+//         every later call (or, from a fast one, a path twice as fast as "half the disk").
 // Rows (each adds one idea to the previous one):
 //   1 baseline         DeepSpeed ZeRO-3 NVMe-like: ascending order, no resident set, fp32
 //                      gradients written to the tier in backward (hand-over) and read back
@@ -153,21 +154,6 @@ bandwidths measure_disk(const fs::path& dir, const shape& sh, int seconds = 6) {
     return bw;
 }
 
-/// The disk's bandwidth that sets the second path's throttle: the median (by total) of three
-/// measurements after one discarded warm-up. A single fio run on a cloud disk can be off by 2x
-/// (the first run of a session measured 0.58 GB/s, the rounds after it 1.5 GB/s), and a
-/// throttle set from it would make the second path the bottleneck of every two-path row.
-bandwidths calibrate_disk(const fs::path& dir, const shape& sh) {
-    if (bench::smoke()) return measure_disk(dir, sh);
-    (void)measure_disk(dir, sh);
-    std::vector<bandwidths> runs;
-    for (int i = 0; i < 3; ++i) runs.push_back(measure_disk(dir, sh));
-    std::sort(runs.begin(), runs.end(), [](const bandwidths& a, const bandwidths& b) { return a.disk_total() < b.disk_total(); });
-    std::fprintf(stderr, "[update_phase] disk calibration (rw 50/50): %.0f / %.0f / %.0f MB/s, median taken\n",
-                 runs[0].disk_total() / 1e6, runs[1].disk_total() / 1e6, runs[2].disk_total() / 1e6);
-    return runs[1];
-}
-
 // ---- Rows -----------------------------------------------------------------------------
 
 struct host_data {
@@ -206,6 +192,7 @@ struct sample {
     double secs = 0, read_wait = 0, compute = 0, write_wait = 0, handover = 0;
     double bytes_read = 0, bytes_written = 0, served = 0;
     double disk = 0;  // the disk's mixed bandwidth around the call (bytes/s, see the round loop)
+    double shm = 0;   // the shm path's throttle during the call (bytes/s; 0 for one path)
 };
 
 /// Threads of the Adam step (SPILLWAY_UPDATE_PHASE_THREADS, default 1): the update phase is
@@ -484,8 +471,9 @@ struct row_summary {
 
 struct results {
     shape sh;
-    bandwidths bw;           // the calibration that set the shm throttle of the two-path rows
-    std::vector<double> disk_totals;  // per timed round
+    bandwidths bw;                    // the first measurement (its method names the limit)
+    std::vector<double> disk_totals;  // every measurement of the timed rounds
+    std::vector<double> shm_throttles;  // the throttle of every timed two-path call
     std::vector<row_summary> rows;
     std::string error;
 };
@@ -608,36 +596,31 @@ results& the_results() {
                 }
             };
             // A phase builds its rows (the baseline always among them), then runs rounds: call 0
-            // warms up (it reads every subgroup); then each timed round calls every row once and
-            // measures the disk right after. Two phases keep the host memory in use bounded.
+            // warms up (it reads every subgroup); then each timed round calls every row once,
+            // between measurements of the disk. Two phases keep the host memory in use bounded.
             out.rows.resize(5);
             auto phase = [&](std::vector<int> ids, bool keep_baseline) {
             std::vector<std::unique_ptr<runner>> rows;
             for (int id : ids) rows.push_back(make_row(id));
             std::vector<double> disk_totals;
-            double shm_total = bw.disk_total() / 2;
+            // One round, each row in turn (the protocol that ties every call to its limit):
+            //   1. fio measures the disk for 3 s (the first row of a round), or the measurement
+            //      after the previous row stands for it;
+            //   2. a two-path row's shm throttle is set to half of that measurement;
+            //   3. the row's call runs;
+            //   4. fio measures the disk again; the call's floor uses the mean of 1 and 4.
+            auto mark = [&] { return bench::smoke() ? bw : measure_disk(p.disk, sh, 3); };
             for (int round = 0; round <= sh.timed_calls; ++round) {
-                // After the warm-up, a two-path phase sets the shm throttle to half of the disk
-                // measured now (calibrate_disk), under the conditions of the timed rounds.
-                if (round == 1 && std::any_of(rows.begin(), rows.end(), [](auto& r) { return r->two_paths; })) {
-                    out.bw = calibrate_disk(p.disk, sh);
-                    shm_total = out.bw.disk_total() / 2;
-                    for (auto& r : rows) {
-                        if (!r->two_paths || !r->error.empty()) continue;
-                        try {
-                            r->set_second_path_rate(half_of(out.bw));
-                        } catch (const std::exception& e) {
-                            r->error = e.what();
-                        }
-                    }
-                }
-                // The disk right before this row (the first of the round) or after the previous one.
-                auto mark = [&] { return bench::smoke() ? bw.disk_total() : measure_disk(p.disk, sh, 3).disk_total(); };
-                double before = round > 0 ? mark() : 0;
-                if (round > 0) disk_totals.push_back(before);
+                bandwidths before = mark();
+                if (round > 0) disk_totals.push_back(before.disk_total());
                 for (auto& r : rows) {
                     if (!r->error.empty()) continue;
                     try {
+                        double shm = 0;
+                        if (r->two_paths) {
+                            shm = before.disk_total() / 2;
+                            r->set_second_path_rate(half_of(before));
+                        }
                         // SPILLWAY_UPDATE_PHASE_TRACE=DIR: the last round's timeline per row.
                         const char* trace_dir = std::getenv("SPILLWAY_UPDATE_PHASE_TRACE");
                         if (trace_dir && *trace_dir && round == sh.timed_calls)
@@ -645,15 +628,18 @@ results& the_results() {
                         auto x = r->call();
                         std::fprintf(stderr,
                                      "[update_phase] round %d %-22s update %.3f s  read-wait %.3f  compute %.3f  "
-                                     "write-wait %.3f  hand-over %.3f\n",
-                                     round, r->name.c_str(), x.secs, x.read_wait, x.compute, x.write_wait, x.handover);
+                                     "write-wait %.3f  hand-over %.3f  disk %.0f MB/s%s\n",
+                                     round, r->name.c_str(), x.secs, x.read_wait, x.compute, x.write_wait, x.handover,
+                                     before.disk_total() / 1e6, r->two_paths ? " (shm throttle: half)" : "");
+                        const bandwidths after = mark();
                         if (round > 0) {
-                            const double after = mark();
-                            disk_totals.push_back(after);
-                            x.disk = (before + after) / 2;
-                            before = after;
+                            disk_totals.push_back(after.disk_total());
+                            x.disk = (before.disk_total() + after.disk_total()) / 2;
+                            x.shm = shm;
+                            if (r->two_paths) out.shm_throttles.push_back(shm);
                             r->samples.push_back(x);
                         }
+                        before = after;
                     } catch (const std::exception& e) {
                         r->error = e.what();
                     }
@@ -684,7 +670,7 @@ results& the_results() {
                     s.served = med([](const sample& x) { return x.served; });
                     std::vector<double> floors, vs, sp, sph;
                     for (std::size_t k = 0; k < r->samples.size(); ++k) {
-                        double agg = r->samples[k].disk + (r->two_paths ? shm_total : 0);
+                        double agg = r->samples[k].disk + r->samples[k].shm;
                         double fl = r->traffic / agg;
                         floors.push_back(fl);
                         vs.push_back(fl / r->samples[k].secs);
@@ -741,7 +727,7 @@ void report_row(benchmark::State& state, std::size_t index) {
     state.counters["state_GiB"] = 12.0 * static_cast<double>(res.sh.params()) / static_cast<double>(1u << 30);
     state.counters["buffer_GiB"] = static_cast<double>(res.sh.budget_bytes()) / static_cast<double>(1u << 30);
     state.counters["disk_mixed_Bps"] = median(res.disk_totals);
-    state.counters["shm_throttle_Bps"] = res.bw.disk_total() / 2;
+    if (!res.shm_throttles.empty()) state.counters["shm_throttle_Bps"] = median(res.shm_throttles);
     std::string label = "limit: " + res.bw.how;
     if (!r.note.empty()) label += "; " + r.note;
     state.SetLabel(label);
