@@ -18,9 +18,11 @@
 // fio does. The tier's buffers use base pages (page_size::base), like fio's, so the grid
 // compares the engines alone; the `_huge_pages` rows (io_uring, 1 and 8 MiB, qd 8 and 32) repeat
 // a few cells with aligned_buffer's default, transparent huge pages for large buffers, against
-// the same fio job: their vs_limit is what a user's huge-page staging buffers gain over fio's
-// memory. Host tier rows: blobs of `bs` bytes; the limit is a memcpy of the same size
-// between resident buffers.
+// the same fio job with its buffers on transparent huge pages too (bench::fio_memory), so
+// both sides again have the same memory; `fio_base_pages_bytes_per_second` adds fio from its
+// default memory in the same rounds (what the page kind alone is worth on this disk).
+// Host tier rows: blobs of `bs` bytes; the limit is a memcpy of the same size between
+// resident buffers.
 //
 // Flags (besides Google Benchmark's): --full sweeps bs 128 KiB..64 MiB (powers of two) and
 // qd 1..64 (powers of two); the default is a subset. --rounds=N: fio/tier rounds per file
@@ -95,9 +97,10 @@ std::string fio_job(tier_kind kind, direction dir, const fs::path& file, std::si
            " --offset_increment=" + std::to_string(share) + " --group_reporting";
 }
 
-/// fio's bandwidth (bytes/s) for `job`, or a negative value when fio failed.
-double fio_bandwidth(direction dir, const std::string& job) {
-    auto r = bench::run_fio(job);
+/// fio's bandwidth (bytes/s) for `job` with its buffers in `memory`, or a negative value when
+/// fio failed.
+double fio_bandwidth(direction dir, const std::string& job, bench::fio_memory memory) {
+    auto r = bench::run_fio(job, memory);
     if (!r.ok()) return -1;
     return dir == direction::read ? r.read_bytes_per_second : r.write_bytes_per_second;
 }
@@ -210,13 +213,17 @@ void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_
     if (dir == direction::write) tier->write(key, buf.bytes()).wait();
 
     const std::string job = fio_job(kind, dir, tier->path_of(key), bs, qd, size, blobs);
-    std::vector<double> ours, theirs, runs_kib;
+    std::vector<double> ours, theirs, theirs_base_pages, runs_kib;
+    const auto fio_pages = pages == page_size::automatic ? bench::fio_memory::huge_pages : bench::fio_memory::base_pages;
     bool fio_failed = false;
     std::chrono::duration<double> fio_idle{0};  // step 3: the latest fio run's time without I/O
     auto run_fio = [&] {
         state.PauseTiming();
+        if (fio_pages == bench::fio_memory::huge_pages)  // outside the idle-time measurement
+            if (double base = fio_bandwidth(dir, job, bench::fio_memory::base_pages); base > 0)
+                theirs_base_pages.push_back(base);
         const auto t0 = std::chrono::steady_clock::now();
-        const double bw = fio_bandwidth(dir, job);
+        const double bw = fio_bandwidth(dir, job, fio_pages);
         const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - t0;
         if (bw > 0) {
             theirs.push_back(bw);
@@ -263,6 +270,7 @@ void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_
         state.counters["vs_limit"] = median(ours) / median(theirs);
         state.counters["vs_limit_lo"] = *std::min_element(ratios.begin(), ratios.end());
         state.counters["vs_limit_hi"] = *std::max_element(ratios.begin(), ratios.end());
+        if (!theirs_base_pages.empty()) state.counters["fio_base_pages_bytes_per_second"] = median(theirs_base_pages);
     } else {
         label += bench::fio_available() ? "; fio failed: no vs_limit" : "; fio not installed: no vs_limit";
     }

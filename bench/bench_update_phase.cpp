@@ -41,8 +41,8 @@
 // SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each single-process row as Chrome
 // trace JSON (DIR/<row>.json, for Perfetto). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
 // sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth;
-// SPILLWAY_UPDATE_PHASE_PAGES=huge gives the pipeline buffers the library's default huge
-// pages instead of fio's base pages (see buffer_pages).
+// SPILLWAY_UPDATE_PHASE_PAGES=base gives the pipeline buffers and fio's base pages instead of
+// the library's default huge pages (see buffer_pages).
 #include <benchmark/benchmark.h>
 
 #include <spillway/lock/node_lock.hpp>
@@ -115,6 +115,7 @@ struct bandwidths {
 // ---- fio ------------------------------------------------------------------------------
 
 unsigned queue_depth();
+bench::fio_memory fio_pages();
 
 /// The disk's bandwidth under the update's pattern: half reads, half writes, for `seconds`.
 /// The 2 GiB file stays for the next measurement (laying it out again would write 2 GiB).
@@ -125,11 +126,13 @@ bandwidths measure_disk(const fs::path& dir, const shape& sh, int seconds = 6) {
         auto r = bench::run_fio("--name=mix --filename=" + file.string() +
                                 " --rw=rw --rwmixread=50 --bs=1M --iodepth=" + std::to_string(queue_depth()) +
                                 " --direct=1 --ioengine=io_uring --size=2G --runtime=" + std::to_string(seconds) +
-                                " --time_based");
+                                " --time_based",
+                                fio_pages());
         bw.disk_read = r.read_bytes_per_second;
         bw.disk_write = r.write_bytes_per_second;
         if (r.ok() && bw.disk_read > 0 && bw.disk_write > 0) {
-            bw.how = "fio rw=rw 50/50 1MiB qd" + std::to_string(queue_depth()) + " O_DIRECT io_uring";
+            bw.how = "fio rw=rw 50/50 1MiB qd" + std::to_string(queue_depth()) + " O_DIRECT io_uring" +
+                     (fio_pages() == bench::fio_memory::huge_pages ? ", huge-page buffers" : "");
             return bw;
         }
     }
@@ -203,13 +206,19 @@ std::size_t compute_threads() { return static_cast<std::size_t>(std::max(1L, env
 /// deep enough that scheduling delays of the I/O threads on a busy machine do not idle the disk.
 unsigned queue_depth() { return static_cast<unsigned>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_QD", 32), 1L, 256L)); }
 
-/// The pipeline buffers' pages (SPILLWAY_UPDATE_PHASE_PAGES=huge|base, default base): base
-/// pages like fio's, whose run is the floor. The library's default, transparent huge pages,
-/// moves data faster on a virtual disk than fio's base-page buffers do (a baseline row ran at
-/// 1.75x its fio floor), which would make every floor meaningless.
+/// The pipeline buffers' pages (SPILLWAY_UPDATE_PHASE_PAGES=huge|base, default huge: the
+/// library's default, transparent huge pages), and fio's buffers get the same kind
+/// (fio_pages), so the floor and the rows see the disk through the same memory. With base
+/// pages on both sides fio's scattered pages cap it at a third of the disk (see
+/// bench/support/fio.hpp) while the pipeline's, allocated in one piece, are less scattered:
+/// the baseline then ran at 1.4-1.8x its fio floor, and a shm throttle at "half the disk"
+/// from such fio was a sixth of the disk the rows saw.
 page_size buffer_pages() {
     const char* v = std::getenv("SPILLWAY_UPDATE_PHASE_PAGES");
-    return v && std::string(v) == "huge" ? page_size::automatic : page_size::base;
+    return v && std::string(v) == "base" ? page_size::base : page_size::automatic;
+}
+bench::fio_memory fio_pages() {
+    return buffer_pages() == page_size::automatic ? bench::fio_memory::huge_pages : bench::fio_memory::base_pages;
 }
 
 struct paths {
