@@ -143,7 +143,8 @@ class ReportTest(unittest.TestCase):
         for qd, ratio in ((8, 0.5), (32, 3.25)):
             row = dict(base)
             name = f"write/file_io_uring_huge_pages/bs_KiB:1024/qd:{qd}/iterations:6/real_time"
-            row.update(name=name, run_name=name, vs_limit=ratio, buf_run_KiB=2048.0)
+            row.update(name=name, run_name=name, vs_limit=ratio, buf_run_KiB=2048.0,
+                       fio_base_pages_bytes_per_second=0.4e9)
             tiers["benchmarks"].append(row)
         (d / "tiers.json").write_text(json.dumps(tiers))
         out = self.work / "huge-out"
@@ -153,8 +154,10 @@ class ReportTest(unittest.TestCase):
         tiers_text = sections_of(text)[self.report.SECTIONS[0].title]
         self.assertIn("**Huge-page buffers**", tiers_text)
         self.assertIn("| write | 1 MiB | 32 |", tiers_text)
+        self.assertIn("fio GB/s (base pages)", tiers_text)
+        self.assertIn("| 0.40 |", tiers_text)  # fio from base pages, in GB/s
         self.assertNotIn("file_io_uring_huge_pages", tiers_text)  # not among the unknown rows
-        line = next(x for x in text.splitlines() if "default huge-page buffers" in x)
+        line = next(x for x in text.splitlines() if "huge-page buffers on both sides" in x)
         self.assertIn("1 of 2 cells; min 0.50", line)
         self.assertTrue(line.rstrip().endswith("not met |"), line)
 
