@@ -28,6 +28,10 @@
 ///   soon as save() returns.
 /// - save(desc, aligned_buffer&&) adopts a buffer the trainer hands over (no copy); get such
 ///   buffers from allocate() to reuse the stash's pool.
+/// - save_and_exchange(desc, buffer) adopts it too and leaves in `buffer` a free buffer of the
+///   same size from the pool (one a completed write freed while the save waited for room is
+///   handed back instead of freed), so a trainer computes each layer into the memory of the
+///   layer written before it; the buffer handed back is no longer counted as resident.
 /// Resident bytes are the capacities of every buffer the stash holds (tensors, reads in
 /// flight and its free pool); the budget and peak_resident_bytes count exactly these.
 ///
@@ -432,7 +436,8 @@ public:
                         start_read(e, reserved::no);
                         continue;
                     }
-                    if (!make_room(lock, charge_of(e.nbytes)))
+                    if (!make_room(lock, charge_of(e.nbytes))) {
+                        if (e.state != entry_state::offloaded) continue;  // a prefetch read it meanwhile
                         throw std::length_error(
                             "activation_stash: loading " + e.label() + " (" + bytes_str(e.nbytes) +
                             ") would exceed the memory budget of " + bytes_str(opt_.memory_budget) +
@@ -441,6 +446,7 @@ public:
                                  : ": " + bytes_str(resident_) +
                                        " are held by loaded tensors not yet released; release tensors once "
                                        "backward used them, or raise the budget"));
+                    }
                     account(charge_of(e.nbytes));
                     if (e.state == entry_state::offloaded) start_read(e, reserved::yes);
                     else resident_ -= charge_of(e.nbytes);  // someone else started it meanwhile
@@ -1073,7 +1079,12 @@ private:
             bool writes_will_free = false;
             for (auto& [id, p] : entries_) {
                 entry& e = *p;
-                if (e.pinned || !e.buffer.data()) continue;
+                if (!e.buffer.data()) continue;
+                if (e.refs == 0 && e.state == entry_state::writing) {
+                    writes_will_free = true;  // released while written (loaded or not): its end frees it
+                    continue;
+                }
+                if (e.pinned) continue;
                 if (e.state == entry_state::fetched && (!drop_candidate || e.id < drop_candidate->id)) drop_candidate = &e;
                 if (e.state == entry_state::queued || e.state == entry_state::writing) writes_will_free = true;
                 if (e.state == entry_state::kept && e.nbytes > 0 && (!demote_candidate || e.id < demote_candidate->id))
