@@ -9,7 +9,8 @@
 //
 // Activations (--offload activations|all): each layer's tensors are computed into buffers
 // taken from the activation stash's pool (allocate()), handed over to the stash once the
-// next layer has read them (save(desc, buffer&&): no copy), written to a file tier under the
+// next layer has read them (save_and_exchange(): no copy, and the buffer of the layer written
+// before comes back for the next layer to compute into), written to a file tier under the
 // first --path while compute goes on, and loaded back in reverse order for backward. The
 // tensors are saved the way a framework's ops save them, so the attention probabilities
 // are saved twice (by the softmax, as its output, and by the att @ v product, as its input)
@@ -380,8 +381,9 @@ private:
     // (forward holds two layers at its peak anyway; backward holds the budget and these).
     spillway::stash_handle save(int scope, std::size_t owner, std::size_t tensor, const std::string& name,
                                 spillway::aligned_buffer& buffer) {
-        mine_ -= buffer.capacity();  // the stash owns (and counts) it now
+        const std::size_t cap = buffer.capacity();
         auto h = stash_->save_and_exchange(desc(scope, owner, tensor, name), buffer);
+        mine_ -= cap;  // the stash owns (and counts) it now
         if (buffer.data()) {
             mine_ += buffer.capacity();
             if (next_[tensor].data()) mine_ -= next_[tensor].capacity();
