@@ -36,7 +36,7 @@
 // gradients) over the aggregate bandwidth of the row's paths: the disk's bandwidth under a
 // 50/50 read/write mix (fio rw=rw, 1 MiB blocks, the engines' queue depth, O_DIRECT,
 // io_uring; the mean of the measurements right before and right after the call), plus, for
-// two paths, the shm path's throttle (half of the calibration's figure).
+// two paths, the shm path's throttle during the call (half the measurement before it).
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
 // SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each single-process row as Chrome
 // trace JSON (DIR/<row>.json, for Perfetto). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
