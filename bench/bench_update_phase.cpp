@@ -29,7 +29,9 @@
 // its floor uses their mean. Speedups and vs_limit are taken per round, then the median.
 // Counters per row: update_s (median over the timed calls), read_wait_s, compute_s,
 // write_wait_s, bytes_read, bytes_written, bytes_moved, handover_s (backward's gradient
-// hand-over), served_resident, speedup (baseline update_s / row update_s),
+// hand-over), served_resident, disk_busy and shm_busy (the share of the call each path had a
+// read, and a write, in flight: the mean of the two directions; the rest is idle time, which
+// the floor does not allow), speedup (baseline update_s / row update_s),
 // speedup_with_handover ((update + hand-over) ratio), floor_s and vs_limit = floor_s /
 // update_s (1.0 = at the floor). floor_s = the row's minimum storage traffic (reads + writes,
 // 12 bytes per parameter each way less the resident set, + 4 per parameter read for fp32
@@ -196,7 +198,25 @@ struct sample {
     double bytes_read = 0, bytes_written = 0, served = 0;
     double disk = 0;  // the disk's mixed bandwidth around the call (bytes/s, see the round loop)
     double shm = 0;   // the shm path's throttle during the call (bytes/s; 0 for one path)
+    // Busy seconds of each path's reads and writes during the call (child_io; for two worker
+    // processes the sum of both: node_lock lets one of them read, and one write, at a time).
+    double disk_read_busy = 0, disk_write_busy = 0, shm_read_busy = 0, shm_write_busy = 0;
+    /// Mean over the two directions of the disk's (the shm path's) busy time / the call.
+    [[nodiscard]] double disk_busy() const { return secs > 0 ? (disk_read_busy + disk_write_busy) / (2 * secs) : 0; }
+    [[nodiscard]] double shm_busy() const { return secs > 0 ? (shm_read_busy + shm_write_busy) / (2 * secs) : 0; }
 };
+
+/// Adds a call's per-path busy seconds to `x`: the first child is the disk, a second the shm path.
+void add_busy(sample& x, const std::vector<child_io>& children) {
+    if (!children.empty()) {
+        x.disk_read_busy += children[0].read_busy_seconds;
+        x.disk_write_busy += children[0].write_busy_seconds;
+    }
+    if (children.size() > 1) {
+        x.shm_read_busy += children[1].read_busy_seconds;
+        x.shm_write_busy += children[1].write_busy_seconds;
+    }
+}
 
 /// Threads of the Adam step (SPILLWAY_UPDATE_PHASE_THREADS, default 1): the update phase is
 /// I/O-bound, and on a small machine the I/O threads need a core while Adam runs.
@@ -329,6 +349,7 @@ struct pipe_runner : runner {
         x.bytes_read = static_cast<double>(st.bytes_read);
         x.bytes_written = static_cast<double>(st.bytes_written);
         x.served = static_cast<double>(st.served_from_resident);
+        add_busy(x, st.children);
         if (st.children.size() > 1) {  // the split over the paths, to compare with the bandwidth ratio
             std::string line = "[update_phase]   bytes per path:";
             for (const auto& c : st.children)
@@ -348,6 +369,7 @@ struct two_process_runner : runner {
     static constexpr int workers = 2;
     struct msg {
         double secs, read_wait, compute, write_wait, bytes_read, bytes_written, served;
+        double disk_read_busy, disk_write_busy, shm_read_busy, shm_write_busy;
         int ok;
     };
     int to_parent[2] = {-1, -1};
@@ -411,13 +433,16 @@ struct two_process_runner : runner {
                 auto t0 = clk::now();
                 pipe.update(grads, copy);
                 const auto& st = pipe.last_stats();
+                sample busy;
+                add_busy(busy, st.children);
                 send({std::chrono::duration<double>(clk::now() - t0).count(), st.read_wait_seconds, st.compute_seconds,
                       st.write_wait_seconds, static_cast<double>(st.bytes_read), static_cast<double>(st.bytes_written),
-                      static_cast<double>(st.served_from_resident), 1});
+                      static_cast<double>(st.served_from_resident), busy.disk_read_busy, busy.disk_write_busy,
+                      busy.shm_read_busy, busy.shm_write_busy, 1});
             }
         } catch (const std::exception& e) {
             std::fprintf(stderr, "worker %d: %s\n", w, e.what());
-            send({0, 0, 0, 0, 0, 0, 0, -1});
+            send({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1});
             std::_Exit(1);
         }
         std::_Exit(0);
@@ -448,6 +473,10 @@ struct two_process_runner : runner {
             x.bytes_read += m.bytes_read;
             x.bytes_written += m.bytes_written;
             x.served += m.served;
+            x.disk_read_busy += m.disk_read_busy;
+            x.disk_write_busy += m.disk_write_busy;
+            x.shm_read_busy += m.shm_read_busy;
+            x.shm_write_busy += m.shm_write_busy;
         }
         x.secs = std::chrono::duration<double>(clk::now() - t0).count();
         return x;
@@ -476,6 +505,7 @@ struct row_summary {
     double update_s = 0, read_wait_s = 0, compute_s = 0, write_wait_s = 0, handover_s = 0;
     double bytes_read = 0, bytes_written = 0, served = 0;
     double floor_s = 0, vs_limit = 0, speedup = 0, speedup_with_handover = 0;
+    double disk_busy = 0, shm_busy = 0;  // medians of sample::disk_busy() and shm_busy()
 };
 
 struct results {
@@ -637,9 +667,11 @@ results& the_results() {
                         auto x = r->call();
                         std::fprintf(stderr,
                                      "[update_phase] round %d %-22s update %.3f s  read-wait %.3f  compute %.3f  "
-                                     "write-wait %.3f  hand-over %.3f  disk %.0f MB/s%s\n",
+                                     "write-wait %.3f  hand-over %.3f  disk %.0f MB/s%s  busy: disk %.0f%%%s\n",
                                      round, r->name.c_str(), x.secs, x.read_wait, x.compute, x.write_wait, x.handover,
-                                     before.disk_total() / 1e6, r->two_paths ? " (shm throttle: half)" : "");
+                                     before.disk_total() / 1e6, r->two_paths ? " (shm throttle: half)" : "",
+                                     100 * x.disk_busy(),
+                                     r->two_paths ? (" shm " + std::to_string(static_cast<int>(100 * x.shm_busy() + 0.5)) + "%").c_str() : "");
                         const bandwidths after = mark();
                         if (round > 0) {
                             disk_totals.push_back(after.disk_total());
@@ -677,6 +709,8 @@ results& the_results() {
                     s.bytes_read = med([](const sample& x) { return x.bytes_read; });
                     s.bytes_written = med([](const sample& x) { return x.bytes_written; });
                     s.served = med([](const sample& x) { return x.served; });
+                    s.disk_busy = med([](const sample& x) { return x.disk_busy(); });
+                    s.shm_busy = med([](const sample& x) { return x.shm_busy(); });
                     std::vector<double> floors, vs, sp, sph;
                     for (std::size_t k = 0; k < r->samples.size(); ++k) {
                         double agg = r->samples[k].disk + r->samples[k].shm;
@@ -727,6 +761,8 @@ void report_row(benchmark::State& state, std::size_t index) {
     state.counters["bytes_written"] = r.bytes_written;
     state.counters["bytes_moved"] = r.bytes_read + r.bytes_written + (index == 0 ? 4.0 * static_cast<double>(res.sh.params()) : 0.0);
     state.counters["served_resident"] = r.served;
+    state.counters["disk_busy"] = r.disk_busy;
+    if (r.shm_busy > 0) state.counters["shm_busy"] = r.shm_busy;
     if (res.rows[0].error.empty()) {
         state.counters["speedup"] = r.speedup;
         state.counters["speedup_with_handover"] = r.speedup_with_handover;

@@ -770,9 +770,14 @@ def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
                          fmt(r.get("compute_s")), fmt(r.get("write_wait_s")), fmt(r.get("handover_s")),
                          fmt(gb(r.get("bytes_moved")), 1), fmt(r.get("served_resident"), 0),
                          fmt(r.get("speedup")), fmt(r.get("speedup_with_handover")), fmt(r.get("floor_s")),
-                         fmt(r.get("vs_limit"))])
+                         fmt(r.get("vs_limit")), busy_percent(r.get("disk_busy")), busy_percent(r.get("shm_busy"))])
         out.append(md_table(["row", "update s", "read-wait", "compute", "write-wait", "hand-over s", "moved GB",
-                             "resident", "speedup", "with hand-over", "floor s", "vs_limit"], body))
+                             "resident", "speedup", "with hand-over", "floor s", "vs_limit", "disk busy",
+                             "shm busy"], body))
+        if any(r.get("disk_busy") is not None for _, r in rows):
+            out.append("*disk busy*, *shm busy*: the share of the call during which the path had a read, and a "
+                       "write, in flight (the mean of the two directions; two processes add up, since node_lock "
+                       "lets one read and one write a path at a time). The floor assumes 100%.\n")
         first = rows[0][1]
         disk, shm = first.get("disk_mixed_Bps"), first.get("shm_throttle_Bps")
         if disk:
@@ -793,6 +798,11 @@ def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
     out.append(other_rows(rest))
     out.append(skipped_rows(rep.rows))
     return SectionOutput("\n".join(x for x in out if x), heads)
+
+
+def busy_percent(fraction) -> str:
+    """A path's busy fraction as a percentage, or the missing-value mark."""
+    return fmt(100 * fraction if fraction is not None else None, 0, "%")
 
 
 def comparison_table(rows) -> str:

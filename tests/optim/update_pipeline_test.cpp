@@ -7,6 +7,7 @@
 #include <spillway/tier/faulty_tier.hpp>
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
+#include <spillway/tier/throttled_tier.hpp>
 #include <spillway/tier/virtual_tier.hpp>
 
 #include <sys/stat.h>
@@ -380,6 +381,37 @@ TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") 
         CHECK(st.children[0].bytes_written + st.children[1].bytes_written == st.bytes_written);
         CHECK(st.children[0].bytes_read > 0);
         CHECK(st.children[1].bytes_read > 0);
+    }
+}
+
+TEST_CASE("a path's busy time covers its throttled transfers and stays within the call") {
+    // Reads and writes each capped at 256 KiB/s (burst: one blob), so a call's transfers of
+    // B bytes keep the path busy for at least (B - burst) / rate seconds in that direction.
+    const std::size_t count = params_total;
+    const std::size_t blob = 12 * subgroup;
+    const double rate = 256.0 * 1024;
+    throttled_tier<host_tier> tier(throttle_config::separate(bandwidth_limit{rate, blob}, bandwidth_limit{rate, blob}));
+    auto init = make_params(count, 31);
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
+    update_pipeline<throttled_tier<host_tier>, float16> pipe(tier, cfg, init);
+    std::vector<float16> copy(count);
+    for (int k = 0; k < 2; ++k) {
+        auto g = make_grads<float16>(count, 70 + static_cast<unsigned>(k), 1.0f);
+        REQUIRE(pipe.update(g, copy) == step_result::applied);
+        const auto& st = pipe.last_stats();
+        REQUIRE(st.children.size() == 1);
+        const auto& c = st.children[0];
+        REQUIRE(c.bytes_read > blob);
+        REQUIRE(c.bytes_written > blob);
+        CHECK(c.read_busy_seconds >= 0.95 * static_cast<double>(c.bytes_read - blob) / rate);
+        CHECK(c.write_busy_seconds >= 0.95 * static_cast<double>(c.bytes_written - blob) / rate);
+        // Transfers still in flight when update() returns are the writes it waited for, so
+        // neither direction can have been busy longer than the call (plus the clock's grain).
+        CHECK(c.read_busy_seconds <= st.seconds + 1e-3);
+        CHECK(c.write_busy_seconds <= st.seconds + 1e-3);
+        CHECK(c.busy_fraction(st.seconds) > 0.2);
+        CHECK(c.busy_fraction(st.seconds) <= 1.0 + 1e-3 / st.seconds);
+        CHECK(c.busy_fraction(0) == 0);
     }
 }
 

@@ -107,6 +107,13 @@ class ReportTest(unittest.TestCase):
         # The fixtures' CPU model reaches the report.
         cpu = json.loads((self.fixtures / "adam.json").read_text())["context"]["cpu_model"]
         self.assertIn(cpu, sections[self.report.SECTIONS[2].title])
+        # The update table shows each path's busy share of the call, as the fixture has it.
+        update = next(s for s in self.report.SECTIONS if s.key == "update")
+        rows = json.loads((self.fixtures / "update.json").read_text())["benchmarks"]
+        full = next(r for r in rows if r["name"].startswith("update_phase/+second_path"))
+        self.assertIn("| disk busy | shm busy |", sections[update.title])
+        busy = f"| {100 * full['disk_busy']:.0f}% | {100 * full['shm_busy']:.0f}% |"
+        self.assertIn(busy, sections[update.title])
 
     def test_missing_unknown_and_added_rows(self):
         # Only the tiers' JSON (and a new one): the stash's is missing, among others.

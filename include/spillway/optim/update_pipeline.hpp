@@ -186,11 +186,24 @@ struct update_args {
     float grad_scale = 1.0f;  ///< the loss scale the gradients carry (divided out)
 };
 
-/// Bytes a tier (or one child of a virtual tier) moved during a call.
+/// Bytes a tier (or one child of a virtual tier) moved during a call, and how long it was
+/// busy doing so: busy_fraction() near 1 means the path worked for the whole call, lower
+/// means it idled for part of it (the start and end of a call, or waits on its lock).
+/// Busy seconds come from the tier's own counters (tier_stats: wall time with at least one
+/// operation of that direction in flight); for a virtual tier's child they count only the
+/// transfers this tier made to it (another process under node_lock is not seen), and a
+/// plain tier's count the operations of all its users during the call.
 struct child_io {
     std::string name;                 ///< the tier's (or child's) name()
     std::uint64_t bytes_read = 0;     ///< bytes read from it during the call
     std::uint64_t bytes_written = 0;  ///< bytes written to it during the call
+    double read_busy_seconds = 0;     ///< wall time with >= 1 read in flight to it during the call
+    double write_busy_seconds = 0;    ///< wall time with >= 1 write in flight to it during the call
+
+    /// Mean over the two directions of busy time / `call_seconds` (0 when call_seconds <= 0).
+    [[nodiscard]] double busy_fraction(double call_seconds) const noexcept {
+        return call_seconds > 0 ? (read_busy_seconds + write_busy_seconds) / (2 * call_seconds) : 0.0;
+    }
 };
 
 /// What one update() (or hand_over_gradients()) call did.
@@ -1226,11 +1239,15 @@ private:
     std::vector<child_io> child_snapshot() const {
         std::vector<child_io> out;
         if constexpr (tier_with_children<Tier>) {
-            for (const auto& c : tier_.report())
-                out.push_back({std::string(c.name), c.moved.bytes_read, c.moved.bytes_written});
+            for (const auto& c : tier_.report()) {
+                const tier_stats moved = c.moved;
+                out.push_back({std::string(c.name), moved.bytes_read, moved.bytes_written, moved.read_busy_seconds,
+                               moved.write_busy_seconds});
+            }
         } else {
             auto st = tier_.stats();
-            out.push_back({std::string(tier_.name()), st.bytes_read, st.bytes_written});
+            out.push_back({std::string(tier_.name()), st.bytes_read, st.bytes_written, st.read_busy_seconds,
+                           st.write_busy_seconds});
         }
         return out;
     }
@@ -1239,6 +1256,8 @@ private:
         for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
             after[i].bytes_read -= before[i].bytes_read;
             after[i].bytes_written -= before[i].bytes_written;
+            after[i].read_busy_seconds -= before[i].read_busy_seconds;
+            after[i].write_busy_seconds -= before[i].write_busy_seconds;
         }
         stats_.children = std::move(after);
     }
