@@ -40,8 +40,8 @@
 // io_uring; the mean of the measurements right before and right after the call), plus, for
 // two paths, the shm path's throttle during the call (half the measurement before it).
 // SPILLWAY_BENCH_SMOKE=1: tiny state, no fio (the disk is measured with the tier itself).
-// SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each single-process row as Chrome
-// trace JSON (DIR/<row>.json, for Perfetto). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
+// SPILLWAY_UPDATE_PHASE_TRACE=DIR writes the last call of each row as Chrome trace JSON
+// (DIR/<row>.json, for Perfetto; the two-process row one file per worker, <row>.w<k>.json). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
 // sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth;
 // SPILLWAY_UPDATE_PHASE_PAGES=base gives the pipeline buffers and fio's base pages instead of
 // the library's default huge pages (see buffer_pages).
@@ -365,6 +365,8 @@ struct pipe_runner : runner {
 ///   1. 1: one update call; the worker answers with that call's stats;
 ///   2. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
 ///   3. 0 (or a closed pipe): the worker exits.
+constexpr const char* node_lock_row = "+node_lock_2proc";
+
 struct two_process_runner : runner {
     static constexpr int workers = 2;
     struct msg {
@@ -411,8 +413,15 @@ struct two_process_runner : runner {
                                   child_args(half_of(bw), std::in_place, shm, disk_options("shm")));
             // The parent's shared thread pool has no threads in this forked child: own one.
             detail::thread_pool pool(compute_threads() - 1);
+            // SPILLWAY_UPDATE_PHASE_TRACE=DIR: each worker records every call and keeps the
+            // latest in DIR/<row>.w<k>.json (the parent cannot see a worker's calls).
+            const char* trace_dir = std::getenv("SPILLWAY_UPDATE_PHASE_TRACE");
+            const bool tracing = trace_dir && *trace_dir;
+            trace::recorder rec(tracing ? trace::recording::enabled : trace::recording::disabled,
+                                "worker " + std::to_string(w));
             pipeline_options opt;
             opt.pool = &pool;
+            opt.recorder = &rec;
             opt.key_prefix = "w" + std::to_string(w);
             const std::size_t params = sh.subgroups / workers * sh.subgroup_size;
             const std::size_t offset = static_cast<std::size_t>(w) * params;
@@ -431,7 +440,9 @@ struct two_process_runner : runner {
                     continue;
                 }
                 auto t0 = clk::now();
+                if (tracing) rec.clear();
                 pipe.update(grads, copy);
+                if (tracing) rec.save(fs::path(trace_dir) / (std::string(node_lock_row) + ".w" + std::to_string(w) + ".json"));
                 const auto& st = pipe.last_stats();
                 sample busy;
                 add_busy(busy, st.children);
@@ -627,7 +638,7 @@ results& the_results() {
                             return std::make_unique<pipe_runner<two_path_tier_thread>>(std::move(vt), data, sh, opt);
                         });
                     default: {
-                        auto r = build(5, "+node_lock_2proc", 2 * (n - 2 * worker_resident) * blob, true,
+                        auto r = build(5, node_lock_row, 2 * (n - 2 * worker_resident) * blob, true,
                                        [&] { return std::make_unique<two_process_runner>(data, sh, p, bw); });
                         r->note = "wall time of both workers; waits are the slower worker's, bytes the sum";
                         return r;
