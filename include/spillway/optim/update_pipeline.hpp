@@ -1236,18 +1236,21 @@ private:
                                  {{"bytes", static_cast<double>(nbytes)}});
     }
 
+    static child_io io_of(std::string name, const tier_stats& st) {
+        child_io io;
+        io.name = std::move(name);
+        io.bytes_read = st.bytes_read;
+        io.bytes_written = st.bytes_written;
+        io.read_busy_seconds = st.read_busy_seconds;
+        io.write_busy_seconds = st.write_busy_seconds;
+        return io;
+    }
     std::vector<child_io> child_snapshot() const {
         std::vector<child_io> out;
         if constexpr (tier_with_children<Tier>) {
-            for (const auto& c : tier_.report()) {
-                const tier_stats moved = c.moved;
-                out.push_back({std::string(c.name), moved.bytes_read, moved.bytes_written, moved.read_busy_seconds,
-                               moved.write_busy_seconds});
-            }
+            for (const auto& c : tier_.report()) out.push_back(io_of(std::string(c.name), c.moved));
         } else {
-            auto st = tier_.stats();
-            out.push_back({std::string(tier_.name()), st.bytes_read, st.bytes_written, st.read_busy_seconds,
-                           st.write_busy_seconds});
+            out.push_back(io_of(std::string(tier_.name()), tier_.stats()));
         }
         return out;
     }
