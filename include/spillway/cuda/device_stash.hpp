@@ -56,6 +56,7 @@
 #include <cuda_runtime_api.h>
 
 #include "spillway/cuda/cuda_error.hpp"
+#include "spillway/detail/thread_name.hpp"
 #include "spillway/cuda/device_tier.hpp"
 #include "spillway/cuda/staged_copy.hpp"
 #include "spillway/error.hpp"
@@ -129,6 +130,7 @@ public:
         check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
                    "device_stash: side stream on device " + std::to_string(options_.device));
         mover_ = std::thread([this] { run_mover(); });
+        spillway::detail::name_thread(mover_, "spw-device-move");
     }
     device_stash(const device_stash&) = delete;
     device_stash& operator=(const device_stash&) = delete;

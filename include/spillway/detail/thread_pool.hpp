@@ -9,6 +9,7 @@
 //   pure function of (count, size(), grain), so results that depend on the split are
 //   reproducible run to run.
 // - A pool of size 0 runs everything on the caller.
+// - Workers carry the pool's name (default "spw-pool"; see thread_name.hpp).
 #pragma once
 
 #include <algorithm>
@@ -19,16 +20,19 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <string_view>
 #include <vector>
+
+#include "spillway/detail/thread_name.hpp"
 
 namespace spillway::detail {
 
 class thread_pool {
 public:
-    /// Starts `threads` workers (0: none; the caller does all the work).
-    explicit thread_pool(std::size_t threads) {
+    /// Starts `threads` workers (0: none; the caller does all the work), each named `name`.
+    explicit thread_pool(std::size_t threads, std::string_view name = "spw-pool") {
         workers_.reserve(threads);
-        for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
+        for (std::size_t i = 0; i < threads; ++i) name_thread(workers_.emplace_back([this] { run(); }), name);
     }
     thread_pool(const thread_pool&) = delete;
     thread_pool& operator=(const thread_pool&) = delete;

@@ -26,6 +26,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include "spillway/detail/thread_name.hpp"
 #include "spillway/io/completion.hpp"
 #include "spillway/io/detail/engine_common.hpp"
 
@@ -41,7 +42,7 @@ public:
         unsigned n = config_.posix_threads();
         workers_.reserve(n);
         try {
-            for (unsigned i = 0; i < n; ++i) workers_.emplace_back([this] { work(); });
+            for (unsigned i = 0; i < n; ++i) detail::name_thread(workers_.emplace_back([this] { work(); }), "spw-posix");
         } catch (...) {
             stop();
             throw;

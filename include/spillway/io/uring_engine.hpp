@@ -48,6 +48,7 @@
 #include <liburing.h>
 #include <sys/uio.h>
 
+#include "spillway/detail/thread_name.hpp"
 #include "spillway/io/completion.hpp"
 #endif
 
@@ -155,6 +156,7 @@ public:
         }
         try {
             reaper_ = std::thread([this] { reap(); });
+            detail::name_thread(reaper_, "spw-uring");
         } catch (...) {
             io_uring_queue_exit(&ring_);
             throw;

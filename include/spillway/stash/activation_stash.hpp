@@ -314,8 +314,8 @@ public:
         if (opt_.split == split_mode::fixed) first_kept_ = opt_.first_kept_layer;
         if (opt_.split == split_mode::adaptive && opt_.tier_bandwidth < 0)
             throw std::invalid_argument("activation_stash: tier_bandwidth must be >= 0 (0 measures it)");
-        writer_.emplace(opt_.write_threads);
-        reader_.emplace(opt_.read_threads);
+        writer_.emplace(opt_.write_threads, "spw-stash-write");
+        reader_.emplace(opt_.read_threads, "spw-stash-read");
     }
     activation_stash(const activation_stash&) = delete;
     activation_stash& operator=(const activation_stash&) = delete;

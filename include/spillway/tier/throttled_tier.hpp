@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "spillway/detail/thread_name.hpp"
 #include "spillway/error.hpp"
 #include "spillway/tier/host_tier.hpp"
 #include "spillway/tier/storage_tier.hpp"
@@ -132,6 +133,7 @@ public:
         buckets_[1].reset(config.write, now);
         name_ = std::string("throttled(") + std::string(inner_.name()) + ")";
         timer_ = std::thread([this] { run(); });
+        detail::name_thread(timer_, "spw-throttle");
     }
     /// A throttle over a default-constructed inner tier.
     explicit throttled_tier(throttle_config config = {})

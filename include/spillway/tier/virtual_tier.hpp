@@ -92,6 +92,7 @@
 
 #include <unistd.h>
 
+#include "spillway/detail/thread_name.hpp"
 #include "spillway/error.hpp"
 #include "spillway/lock/lock_policy.hpp"
 #include "spillway/tier/bandwidth_split.hpp"
@@ -629,7 +630,7 @@ private:
         if (options_.bandwidths.empty()) probe();
         std::size_t workers = options_.workers ? options_.workers : 2 * n;
         workers_.reserve(workers);
-        for (std::size_t w = 0; w < workers; ++w) workers_.emplace_back([this] { work(); });
+        for (std::size_t w = 0; w < workers; ++w) detail::name_thread(workers_.emplace_back([this] { work(); }), "spw-vtier");
     }
 
     /// Measures each child with writes and reads of probe_nbytes (less when the child
