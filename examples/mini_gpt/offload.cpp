@@ -122,6 +122,7 @@ public:
         const auto& st = pipe_->last_stats();
         last_wait_ms_ = (st.read_wait_seconds + st.write_wait_seconds) * 1e3;
         ++calls_;
+        update_seconds_ += st.seconds;
         read_ += st.bytes_read;
         written_ += st.bytes_written;
         resident_hits_ += st.served_from_resident;
@@ -133,6 +134,8 @@ public:
             else {
                 it->bytes_read += c.bytes_read;
                 it->bytes_written += c.bytes_written;
+                it->read_busy_seconds += c.read_busy_seconds;
+                it->write_busy_seconds += c.write_busy_seconds;
             }
         }
     }
@@ -149,7 +152,8 @@ public:
           << " reads started during forward and backward\n";
         for (const auto& c : children_)
             o << "                  tier " << c.name << ": read " << human(static_cast<double>(c.bytes_read))
-              << ", wrote " << human(static_cast<double>(c.bytes_written)) << "\n";
+              << ", wrote " << human(static_cast<double>(c.bytes_written)) << "; busy "
+              << static_cast<int>(100 * c.busy_fraction(update_seconds_) + 0.5) << "% of the update time\n";
         return o.str();
     }
 
@@ -177,6 +181,7 @@ private:
     std::unique_ptr<pipeline> pipe_;
     double last_wait_ms_ = 0;
     std::uint64_t calls_ = 0, read_ = 0, written_ = 0, resident_hits_ = 0, subgroups_ = 0;
+    double update_seconds_ = 0;  // summed over update() calls: the base of each path's busy share
     std::uint64_t prefetched_ = 0, prefetch_hits_ = 0;  // reads begin_prefetch() started; visits they served
     std::vector<spillway::child_io> children_;
 };
