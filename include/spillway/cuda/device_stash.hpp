@@ -56,9 +56,9 @@
 #include <cuda_runtime_api.h>
 
 #include "spillway/cuda/cuda_error.hpp"
-#include "spillway/detail/thread_name.hpp"
 #include "spillway/cuda/device_tier.hpp"
 #include "spillway/cuda/staged_copy.hpp"
+#include "spillway/detail/thread_name.hpp"
 #include "spillway/error.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/tensor_desc.hpp"

@@ -9,6 +9,7 @@
 // - It never throws and never fails the caller: a name is a diagnostic, not a requirement.
 #pragma once
 
+#include <cstddef>
 #include <cstring>
 #include <string_view>
 #include <thread>

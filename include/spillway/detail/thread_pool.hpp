@@ -19,8 +19,8 @@
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "spillway/detail/thread_name.hpp"
