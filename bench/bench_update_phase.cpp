@@ -360,13 +360,14 @@ struct pipe_runner : runner {
     }
 };
 
+/// The two-process row's name (its workers name their trace files after it).
+constexpr const char* node_lock_row = "+node_lock_2proc";
+
 /// Row 5: two worker processes, each half the parameters and half the buffers, sharing both
 /// paths under node_lock. Protocol, one command byte at a time on a worker's pipe:
 ///   1. 1: one update call; the worker answers with that call's stats;
 ///   2. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
 ///   3. 0 (or a closed pipe): the worker exits.
-constexpr const char* node_lock_row = "+node_lock_2proc";
-
 struct two_process_runner : runner {
     static constexpr int workers = 2;
     struct msg {
