@@ -362,6 +362,45 @@ TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identica
     }
 }
 
+TEST_CASE("lazy update: the first reads go out before the gradient check, and a skipped step keeps them") {
+    const std::size_t n = 10;
+    const std::size_t count = n * subgroup;
+    const std::uint64_t blob = 12 * subgroup;
+    auto init = make_params(count, 29);
+    for (std::size_t buffers : {3u, 6u}) {
+        CAPTURE(buffers);
+        host_tier tier;
+        pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers,
+                            .adam = test_adam(), .max_grad_norm = 1.5};
+        update_pipeline<host_tier, float16> pipe(tier, cfg, init);
+        reference<float16, float16> ref(init, 1.5);
+        std::vector<float16> copy(count);
+        for (int k = 0; k < 4; ++k) {
+            const bool overflow = k == 1 || k == 2;  // two skipped steps in a row
+            auto g = make_grads<float16>(count, 700 + static_cast<unsigned>(k), 1.0f, overflow);
+            const std::size_t resident = pipe.resident_subgroups().size();
+            const std::size_t pending = pipe.prefetched_count();
+            auto before = tier.stats();
+            auto r = pipe.update(g, copy);
+            REQUIRE(r == ref.step(g, 1.0f));
+            const auto& st = pipe.last_stats();
+            if (r == step_result::skipped_overflow) {
+                // Nothing written, but every free buffer was already reading when the check
+                // found the overflow; the reads wait for the next call.
+                CHECK(tier.stats().bytes_written == before.bytes_written);
+                CHECK(pipe.prefetched_count() == std::min(buffers - resident, n - resident));
+                CHECK(tier.stats().bytes_read - before.bytes_read == (pipe.prefetched_count() - pending) * blob);
+                continue;
+            }
+            CHECK(pipe.prefetched_count() == 0);
+            CHECK(st.served_from_prefetch == 0);  // the trainer prefetched nothing
+            CHECK(st.subgroups_read + st.served_from_resident == n);
+            CHECK(bits_equal(copy, ref.copy));
+        }
+        check_state(pipe, ref);
+    }
+}
+
 TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") {
     test::temp_dir a("pipe-child-a"), b("pipe-child-b");
     virtual_tier_options o;

@@ -39,9 +39,13 @@
 //
 // Buffer hand-off protocol of one update() call (each buffer is free, reading, ready,
 // writing or resident; one thread runs the steps, the tier completes I/O asynchronously):
-//  1. Check the gradients (sum of squares of all; overflow returns here) and compute the
-//     clipping coefficient. Make room: if more than host_buffers - 3 subgroups are resident
-//     (only after a failed call), write out those visited last until the bound holds.
+//  1. With lazy widening, first issue reads into the free buffers for the first positions
+//     in order that are neither resident nor prefetched (as begin_prefetch() would: they do
+//     not depend on the gradients, and the paths work while the check runs; a skipped step
+//     keeps them for the next call). Check the gradients (sum of squares of all, polling the
+//     I/O between subgroups; overflow returns here) and compute the clipping coefficient.
+//     Make room: if more than host_buffers - 3 subgroups are resident (only after a failed
+//     call), write out those visited last until the bound holds.
 //  2. Walk the subgroups in this call's order (alternating_order(N, steps(), first) or
 //     ascending). Reads begin_prefetch() started before the call (for the first
 //     non-resident positions) are taken over as they are. At each position p, first issue
@@ -334,14 +338,19 @@ public:
             return run(std::span<const Grad>{}, copy_out);
         }
         auto t0 = clock::now();
-        double total = sum_squares(grads, args.grad_scale);
+        auto children_before = child_snapshot();
+        // The first reads go out before the gradient check: they do not depend on it, and
+        // the paths would otherwise sit idle while the check reads every gradient (on a
+        // 4 GiB state, about a tenth of the call). A skipped step keeps them for the next.
+        own_prefetches_ += prefetch_reads(std::numeric_limits<std::size_t>::max());
+        double total = sum_squares(grads, args.grad_scale, /*poll=*/true);
         handover_ = handover_state{};
         handover_.sum_squares = total;
         handover_.grad_scale = args.grad_scale;
         handover_.for_step = steps_ + 1;
         handover_.valid = true;
         double check_seconds = seconds_since(t0);
-        auto r = run(grads, copy_out, t0);
+        auto r = run(grads, copy_out, t0, std::move(children_before));
         stats_.compute_seconds += check_seconds;
         return r;
     }
@@ -366,20 +375,7 @@ public:
     /// error surfaces in the update() that uses the subgroup, naming it. Returns the number
     /// of reads started.
     std::size_t begin_prefetch(std::size_t max_subgroups = std::numeric_limits<std::size_t>::max()) {
-        std::size_t free = 0;
-        for (auto& b : bufs_) free += b.use == use_state::free;
-        if (opts_.gradients == gradient_path::fp32_on_tier && free > 0) --free;
-        std::size_t started = 0;
-        const auto order = next_order();
-        for (std::size_t p = 0; p < n_ && started < std::min(free, max_subgroups); ++p) {
-            const std::size_t s = order[p];
-            if (resident_of_[s] >= 0 || prefetch_of_[s] >= 0) continue;
-            auto b = find_free();
-            if (!b) break;
-            issue_read(*b, s, /*with_grads=*/false);
-            prefetch_of_[s] = static_cast<std::ptrdiff_t>(*b);
-            ++started;
-        }
+        const std::size_t started = prefetch_reads(max_subgroups);
         io_->issue_all();  // nobody polls until the next update(): no window
         return started;
     }
@@ -718,8 +714,11 @@ private:
 
     // ---- The phase ------------------------------------------------------------------
 
+    // `started` and `children_before`: the call's start and per-child counters, when update()
+    // did I/O before calling run().
     step_result run(std::span<const Grad> grads, std::span<ParamCopy> copy_out,
-                    std::optional<clock::time_point> started = std::nullopt) {
+                    std::optional<clock::time_point> started = std::nullopt,
+                    std::optional<std::vector<child_io>> children_before = std::nullopt) {
         auto t0 = started.value_or(clock::now());
         expect_argument(copy_out.empty() || copy_out.size() == cfg_.param_count,
                         "update_pipeline::update: copy_out has " + std::to_string(copy_out.size()) +
@@ -746,7 +745,7 @@ private:
         args.clip_coef = clip;
         args.check = grad_check::caller_verified;
 
-        auto before = child_snapshot();
+        auto before = children_before ? std::move(*children_before) : child_snapshot();
         make_room();  // step 1, second half
         const auto order = next_order();
         const std::size_t keep = resident_capacity();
@@ -755,6 +754,8 @@ private:
             read_buf[p] = std::exchange(prefetch_of_[order[p]], -1);
             stats_.served_from_prefetch += read_buf[p] >= 0;
         }
+        // served_from_prefetch counts the trainer's begin_prefetch() calls, not update()'s own.
+        stats_.served_from_prefetch -= std::exchange(own_prefetches_, 0);
         std::size_t next = 0;
         try {
             for (std::size_t p = 0; p < n_; ++p) {
@@ -1090,6 +1091,27 @@ private:
 
     void read_now(std::size_t s, std::span<std::byte> out) { transfer_now(io_direction::read, s, out); }
 
+    // Issues reads (registered with io_, within its windows) of the first subgroups the next
+    // update() visits that are neither resident nor prefetched, into free buffers (one kept
+    // free for the fp32 hand-over); returns how many it started.
+    std::size_t prefetch_reads(std::size_t max_subgroups) {
+        std::size_t free = 0;
+        for (auto& b : bufs_) free += b.use == use_state::free;
+        if (opts_.gradients == gradient_path::fp32_on_tier && free > 0) --free;
+        std::size_t started = 0;
+        const auto order = next_order();
+        for (std::size_t p = 0; p < n_ && started < std::min(free, max_subgroups); ++p) {
+            const std::size_t s = order[p];
+            if (resident_of_[s] >= 0 || prefetch_of_[s] >= 0) continue;
+            auto b = find_free();
+            if (!b) break;
+            issue_read(*b, s, /*with_grads=*/false);
+            prefetch_of_[s] = static_cast<std::ptrdiff_t>(*b);
+            ++started;
+        }
+        return started;
+    }
+
     // Takes back the buffers of begin_prefetch(): waits for their reads and frees them.
     // Returns whether there were any.
     bool cancel_prefetch() noexcept {
@@ -1103,6 +1125,7 @@ private:
             b = -1;
             any = true;
         }
+        own_prefetches_ = 0;
         return any;
     }
 
@@ -1197,14 +1220,17 @@ private:
         }
     }
 
-    double sum_squares(std::span<const Grad> grads, float grad_scale) {
+    // `poll`: top the I/O windows up between subgroups (reads started before the check).
+    double sum_squares(std::span<const Grad> grads, float grad_scale, bool poll = false) {
         expect_argument(std::isfinite(grad_scale) && grad_scale > 0,
                         "update_pipeline: grad_scale must be finite and > 0, got " + std::to_string(grad_scale));
         // Per subgroup, summed in subgroup order: the same total whatever the tier or order.
         double total = 0;
-        for (std::size_t s = 0; s < n_; ++s)
+        for (std::size_t s = 0; s < n_; ++s) {
             total += grad_sum_squares<Grad>(grads.subspan(s * cfg_.subgroup_size, subgroup_elements(s)), grad_scale,
                                             opts_.pool);
+            if (poll) poll_io();
+        }
         return total;
     }
 
@@ -1286,6 +1312,7 @@ private:
     std::vector<std::int64_t> tier_version_;    // step held on the tier, per subgroup
     std::vector<std::ptrdiff_t> resident_of_;   // buffer holding the subgroup between calls, or -1
     std::vector<std::ptrdiff_t> prefetch_of_;   // buffer begin_prefetch() reads the subgroup into, or -1
+    std::size_t own_prefetches_ = 0;            // of those, reads update() started before its gradient check
     std::int64_t steps_ = 0;
     std::uint64_t iteration_ = 0;                // successful update calls (the order's parity)
     handover_state handover_;
