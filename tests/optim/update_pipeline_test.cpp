@@ -815,6 +815,7 @@ TEST_CASE("bad configurations and arguments are refused up front") {
     CHECK_THROWS_AS(p.update(std::span<const float16>(g).first(10), copy), std::invalid_argument);
     CHECK_THROWS_AS(p.update(g, short_copy), std::invalid_argument);
     CHECK_THROWS_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}), std::invalid_argument);
+    CHECK(p.prefetched_count() == 0);  // refused before any read was issued
     CHECK_THROWS_AS(p.hand_over_gradients(g), std::invalid_argument);  // lazy path
     // A second pipeline with the same keys on the same tier is refused.
     CHECK_THROWS_AS((update_pipeline<host_tier, float16>(tier, cfg, init)), std::invalid_argument);

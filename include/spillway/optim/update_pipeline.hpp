@@ -337,6 +337,8 @@ public:
             hand_over_gradients(grads, args);
             return run(std::span<const Grad>{}, copy_out);
         }
+        check_copy_size(copy_out);  // bad arguments are refused before any I/O
+        check_grad_scale(args.grad_scale);
         auto t0 = clock::now();
         auto children_before = child_snapshot();
         // The first reads go out before the gradient check: they do not depend on it, and
@@ -720,9 +722,7 @@ private:
                     std::optional<clock::time_point> started = std::nullopt,
                     std::optional<std::vector<child_io>> children_before = std::nullopt) {
         auto t0 = started.value_or(clock::now());
-        expect_argument(copy_out.empty() || copy_out.size() == cfg_.param_count,
-                        "update_pipeline::update: copy_out has " + std::to_string(copy_out.size()) +
-                            " elements, expected param_count " + std::to_string(cfg_.param_count) + " (or none)");
+        check_copy_size(copy_out);
         expect_argument(handover_.valid && handover_.for_step == steps_ + 1,
                         "update_pipeline::update: the gradients of step " + std::to_string(steps_ + 1) +
                             " were not handed over (call hand_over_gradients first)");
@@ -1220,10 +1220,20 @@ private:
         }
     }
 
-    // `poll`: top the I/O windows up between subgroups (reads started before the check).
-    double sum_squares(std::span<const Grad> grads, float grad_scale, bool poll = false) {
+    void check_copy_size(std::span<const ParamCopy> copy_out) const {
+        expect_argument(copy_out.empty() || copy_out.size() == cfg_.param_count,
+                        "update_pipeline::update: copy_out has " + std::to_string(copy_out.size()) +
+                            " elements, expected param_count " + std::to_string(cfg_.param_count) + " (or none)");
+    }
+
+    static void check_grad_scale(float grad_scale) {
         expect_argument(std::isfinite(grad_scale) && grad_scale > 0,
                         "update_pipeline: grad_scale must be finite and > 0, got " + std::to_string(grad_scale));
+    }
+
+    // `poll`: top the I/O windows up between subgroups (reads started before the check).
+    double sum_squares(std::span<const Grad> grads, float grad_scale, bool poll = false) {
+        check_grad_scale(grad_scale);
         // Per subgroup, summed in subgroup order: the same total whatever the tier or order.
         double total = 0;
         for (std::size_t s = 0; s < n_; ++s) {
