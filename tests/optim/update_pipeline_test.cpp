@@ -143,17 +143,19 @@ struct tier_box {
 };
 
 template <class Grad, class Copy, class Tier>
-void run_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path, const char* what) {
+void run_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path, const char* what,
+                     std::size_t streaming = 3) {
     CAPTURE(what);
     CAPTURE(buffers);
+    CAPTURE(streaming);
     CAPTURE(static_cast<int>(order));
     CAPTURE(static_cast<int>(path));
     auto init = make_params(params_total, 11);
     pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
-                        .adam = test_adam(), .max_grad_norm = 2.0};
+                        .streaming_buffers = streaming, .adam = test_adam(), .max_grad_norm = 2.0};
     pipeline_options opt;
     opt.order = order;
-    opt.resident = buffers > 3 ? resident_policy::keep_last_updated : resident_policy::none;
+    opt.resident = buffers > streaming ? resident_policy::keep_last_updated : resident_policy::none;
     opt.gradients = path;
     update_pipeline<Tier, Grad, Copy> pipe(tier, cfg, init, opt);
     reference<Grad, Copy> ref(init, 2.0);
@@ -188,6 +190,9 @@ void equivalence_over_tiers() {
             for (auto order : {subgroup_order::alternating, subgroup_order::ascending})
                 for (std::size_t buffers : {3u, 4u, 6u, 14u})
                     run_equivalence<Grad, Copy>(tier, order, buffers, gradient_path::lazy_widening, kind_name(kind));
+            // More streaming buffers, with and without a resident set beside them.
+            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 8, gradient_path::lazy_widening, kind_name(kind), 5);
+            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 6, gradient_path::lazy_widening, kind_name(kind), 6);
             // The DeepSpeed-like baseline and a mixed one.
             run_equivalence<Grad, Copy>(tier, subgroup_order::ascending, 3, gradient_path::fp32_on_tier, kind_name(kind));
             run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 5, gradient_path::fp32_on_tier, kind_name(kind));
@@ -210,16 +215,21 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
     const std::size_t n = 10;
     const std::size_t count = n * subgroup;
     auto init = make_params(count, 3);
+    // (host buffers, streaming buffers): R = min(buffers - streaming, n).
+    const std::pair<std::size_t, std::size_t> shapes[] = {{3, 3}, {4, 3}, {5, 3}, {8, 3}, {13, 3}, {14, 3},
+                                                          {8, 5}, {8, 8}, {16, 4}};
     for (auto order : {subgroup_order::alternating, subgroup_order::ascending}) {
-        for (std::size_t buffers : {3u, 4u, 5u, 8u, 13u, 14u}) {
+        for (auto [buffers, streaming] : shapes) {
             CAPTURE(buffers);
+            CAPTURE(streaming);
             CAPTURE(static_cast<int>(order));
             host_tier tier;
-            pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers, .adam = test_adam()};
+            pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers,
+                                .streaming_buffers = streaming, .adam = test_adam()};
             pipeline_options opt;
             opt.order = order;
             update_pipeline<host_tier, bfloat16> pipe(tier, cfg, init, opt);
-            const std::size_t r = std::min(buffers - 3, n);
+            const std::size_t r = std::min(buffers - streaming, n);
             CHECK(pipe.resident_capacity() == r);
             const std::uint64_t blob = 12 * subgroup;
             std::vector<bfloat16> copy(count);
@@ -792,6 +802,12 @@ TEST_CASE("bad configurations and arguments are refused up front") {
     };
     expect_invalid(cfg, {}, "host_buffers");
     cfg.host_buffers = 3;
+    auto c1 = cfg;
+    c1.streaming_buffers = 2;
+    expect_invalid(c1, {}, "streaming_buffers is 2");
+    c1.host_buffers = 5;
+    c1.streaming_buffers = 6;
+    expect_invalid(c1, {}, "at most host_buffers (5)");
     auto c2 = cfg;
     c2.subgroup_size = 0;
     expect_invalid(c2, {}, "subgroup_size");

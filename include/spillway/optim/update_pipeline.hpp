@@ -25,7 +25,7 @@
 //   each location carries the step it holds; a subgroup whose write failed stays in its
 //   buffer. Calling update() again with the same gradients (after the fault clears) applies
 //   the step exactly once to each subgroup, so the result equals a run without faults.
-// - I/O: with R = host_buffers - 3 resident buffers (resident_policy::keep_last_updated),
+// - I/O: with R = host_buffers - streaming_buffers resident buffers (resident_policy::keep_last_updated),
 //   the last R subgroups updated by a call stay in host memory, unwritten, and the next call
 //   serves them without a read; so every call after the first reads and writes
 //   min(R, N) subgroups fewer than N. With the alternating order they are the first ones the
@@ -44,7 +44,7 @@
 //     not depend on the gradients, and the paths work while the check runs; a skipped step
 //     keeps them for the next call). Check the gradients (sum of squares of all, polling the
 //     I/O between subgroups; overflow returns here) and compute the clipping coefficient.
-//     Make room: if more than host_buffers - 3 subgroups are resident (only after a failed
+//     Make room: if more than R subgroups are resident (only after a failed
 //     call), write out those visited last until the bound holds.
 //  2. Walk the subgroups in this call's order (alternating_order(N, steps(), first) or
 //     ascending). Reads begin_prefetch() started before the call (for the first
@@ -137,7 +137,7 @@ enum class subgroup_order {
 
 /// What happens to the buffers of the last subgroups a call updates.
 enum class resident_policy {
-    keep_last_updated,  ///< the last host_buffers - 3 stay in memory for the next call
+    keep_last_updated,  ///< the last host_buffers - streaming_buffers stay in memory for the next call
     none,               ///< every subgroup is written back (DeepSpeed)
 };
 
@@ -151,7 +151,12 @@ enum class gradient_path {
 struct pipeline_config {
     std::size_t param_count = 0;    ///< parameters in total (> 0)
     std::size_t subgroup_size = 0;  ///< parameters per subgroup (> 0; the last one may be smaller)
-    std::size_t host_buffers = 3;   ///< subgroup buffers (>= 3); beyond 3 they form the resident set
+    std::size_t host_buffers = 3;   ///< subgroup buffers (>= streaming_buffers); the rest form the resident set
+    /// Buffers that stream (read ahead, update, write behind); at least 3 and at most
+    /// host_buffers. More of them keep more reads and writes queued for the tier (a virtual
+    /// tier's slower path then idles less) at the price of a smaller resident set, that is
+    /// more traffic per call; with resident_policy::none every buffer streams.
+    std::size_t streaming_buffers = 3;
     memory_lock lock = memory_lock::unlocked;  ///< mlock() the buffers
     /// The buffers' pages: page_size::automatic (transparent huge pages, see aligned_buffer)
     /// or page_size::base (e.g. to compare with a program that uses base pages).
@@ -175,7 +180,7 @@ struct pipeline_options {
     /// Visiting order: alternating (0..N-1, then N-1..0) or always ascending (DeepSpeed).
     subgroup_order order = subgroup_order::alternating;
     direction first_direction = direction::ascending;  ///< the first call's direction
-    /// Whether buffers beyond 3 keep the last-updated subgroups between calls (the next,
+    /// Whether buffers beyond the streaming ones keep the last-updated subgroups between calls (the next,
     /// reversed, call then neither reads nor writes them) or are only used for read-ahead.
     resident_policy resident = resident_policy::keep_last_updated;
     /// How gradients reach the Adam step (see gradient_path).
@@ -247,8 +252,9 @@ concept tier_with_children =
 /// m, v) lives on `Tier`, moved through a bounded set of host buffers.
 ///
 /// Each update() visits the subgroups in alternating order, reading ahead while updating
-/// one subgroup and writing back the previous ones; buffers beyond 3 keep the last-updated
-/// subgroups resident for the next, reversed, call. Gradients (`Grad`: float, float16 or
+/// one subgroup and writing back the previous ones; buffers beyond the streaming ones
+/// (pipeline_config::streaming_buffers, 3 by default) keep the last-updated subgroups
+/// resident for the next, reversed, call. Gradients (`Grad`: float, float16 or
 /// bfloat16) stay in the trainer's memory and are widened inside the Adam step; the updated
 /// parameters are written back to the trainer's `ParamCopy` buffer. Results are
 /// bit-identical to the in-memory AdamW step over the same data, whatever the tier, order or
@@ -470,7 +476,8 @@ public:
     [[nodiscard]] std::size_t blob_bytes(std::size_t s) const noexcept { return 3 * sizeof(float) * subgroup_elements(s); }
     /// The most subgroups kept resident between calls.
     [[nodiscard]] std::size_t resident_capacity() const noexcept {
-        return opts_.resident == resident_policy::keep_last_updated ? std::min(cfg_.host_buffers - 3, n_) : 0;
+        return opts_.resident == resident_policy::keep_last_updated ? std::min(cfg_.host_buffers - cfg_.streaming_buffers, n_)
+                                                                    : 0;
     }
     /// Subgroups now held in host buffers between calls.
     [[nodiscard]] std::vector<std::size_t> resident_subgroups() const {
@@ -580,6 +587,10 @@ private:
         expect_argument(cfg_.subgroup_size > 0, "update_pipeline: subgroup_size must be > 0");
         expect_argument(cfg_.host_buffers >= 3, "update_pipeline: host_buffers is " + std::to_string(cfg_.host_buffers) +
                                                     "; the pipeline needs at least 3 (read, update, write)");
+        expect_argument(cfg_.streaming_buffers >= 3 && cfg_.streaming_buffers <= cfg_.host_buffers,
+                        "update_pipeline: streaming_buffers is " + std::to_string(cfg_.streaming_buffers) +
+                            "; it must be at least 3 (read, update, write) and at most host_buffers (" +
+                            std::to_string(cfg_.host_buffers) + ")");
         expect_argument(std::isfinite(cfg_.max_grad_norm) && cfg_.max_grad_norm >= 0,
                         "update_pipeline: max_grad_norm must be finite and >= 0 (0: no clipping), got " +
                             std::to_string(cfg_.max_grad_norm));
@@ -884,9 +895,9 @@ private:
         stats_.compute_seconds += seconds_since(t0);
     }
 
-    // Step 1: at most host_buffers - 3 resident subgroups; write out those visited last.
+    // Step 1: at most host_buffers - streaming_buffers resident subgroups; write out those visited last.
     void make_room() {
-        const std::size_t bound = cfg_.host_buffers - 3;
+        const std::size_t bound = cfg_.host_buffers - cfg_.streaming_buffers;
         auto order = next_order();
         std::size_t count = 0;
         for (auto r : resident_of_) count += r >= 0;
