@@ -44,7 +44,11 @@
 // (DIR/<row>.json, for Perfetto; the two-process row one file per worker, <row>.w<k>.json). SPILLWAY_UPDATE_PHASE_ROWS=1,3 runs some rows; SPILLWAY_UPDATE_PHASE_THREADS (default 1)
 // sets Adam's threads; SPILLWAY_UPDATE_PHASE_QD (default 32) the engines' queue depth;
 // SPILLWAY_UPDATE_PHASE_PAGES=base gives the pipeline buffers and fio's base pages instead of
-// the library's default huge pages (see buffer_pages).
+// the library's default huge pages (see buffer_pages); SPILLWAY_UPDATE_PHASE_STREAMING
+// (default 3) the streaming buffers per process (pipeline_config::streaming_buffers).
+// After the rows, disk_under_adam/threads:{1,2} measures the floor's fio job alone and
+// beside the update's own Adam kernel (see measure_contention): what the disk keeps of its
+// bandwidth while a call computes.
 #include <benchmark/benchmark.h>
 
 #include <spillway/lock/node_lock.hpp>
@@ -57,6 +61,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <csignal>
 #include <chrono>
@@ -66,6 +71,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/bench_env.hpp"
@@ -257,8 +263,21 @@ throttle_config half_of(const bandwidths& bw) {
     return throttle_config::separate(bandwidth_limit{bw.disk_read / 2, 4 * MiB}, bandwidth_limit{bw.disk_write / 2, 4 * MiB});
 }
 
+/// The two-path rows' placement: the measured 2:1, fixed (adaptive placement swings with the
+/// shared disk).
+void second_path_placement(virtual_tier_options& o, const bandwidths& bw) {
+    o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
+    o.placement = placement_mode::fixed;
+}
+
 using two_path_tier_thread = virtual_tier<thread_lock, file_tier<>, throttled_tier<file_tier<>>>;
 using two_path_tier_node = virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>>;
+
+/// Streaming buffers per process (SPILLWAY_UPDATE_PHASE_STREAMING, default 3, the
+/// pipeline's default); the rest of a process's buffers form its resident set.
+std::size_t streaming_buffers() {
+    return static_cast<std::size_t>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_STREAMING", 3), 3L, 16L));
+}
 
 pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buffer_bytes, const pipeline_options& opt) {
     const bool fp32 = opt.gradients == gradient_path::fp32_on_tier;
@@ -273,6 +292,7 @@ pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buff
         cfg.piece_bytes = static_cast<std::size_t>(std::max(4L, kib) / 4) * 4096;
     if (long window = env_long("SPILLWAY_UPDATE_PHASE_WINDOW", 0); window > 0)
         cfg.pieces_in_flight = static_cast<std::size_t>(window);
+    cfg.streaming_buffers = std::min(cfg.host_buffers, streaming_buffers());
     return cfg;
 }
 
@@ -406,8 +426,7 @@ struct two_process_runner : runner {
             fs::create_directories(shm);
             virtual_tier_options o;
             o.name = "vt";
-            o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
-            o.placement = placement_mode::fixed;  // the measured 2:1 (adaptive swings with the shared disk)
+            second_path_placement(o, bw);
             o.locks.directory = p.locks;
             o.lock_names = {"disk", "shm"};
             two_path_tier_node vt(o, child_args(disk, disk_options("disk")),
@@ -555,8 +574,10 @@ results& the_results() {
             auto data = make_data(sh.params());
             const double blob = 12.0 * static_cast<double>(sh.subgroup_size);
             const double n = static_cast<double>(sh.subgroups);
-            const double resident = static_cast<double>(std::min(sh.budget_buffers - 3, sh.subgroups));
-            const double worker_resident = static_cast<double>(std::min(sh.budget_buffers / 2 - 3, sh.subgroups / 2));
+            const std::size_t streaming = streaming_buffers();
+            const double resident = static_cast<double>(std::min(sh.budget_buffers - std::min(sh.budget_buffers, streaming), sh.subgroups));
+            const double worker_resident = static_cast<double>(
+                std::min(sh.budget_buffers / 2 - std::min(sh.budget_buffers / 2, streaming), sh.subgroups / 2));
             detail::thread_pool pool(compute_threads() - 1);
 
             // SPILLWAY_UPDATE_PHASE_ROWS (e.g. "1,5") picks rows (1-based) for debugging.
@@ -627,8 +648,7 @@ results& the_results() {
                         return build(4, "+second_path", 2 * (n - resident) * blob, true, [&] {
                             virtual_tier_options o;
                             o.name = "vt";
-                            o.bandwidths = {bw.disk_total(), bw.disk_total() / 2};
-                            o.placement = placement_mode::fixed;  // the measured 2:1 (adaptive swings with the shared disk)
+                            second_path_placement(o, bw);
                             fs::create_directories(p.disk / "second");
                             fs::create_directories(p.shm / "second");
                             auto vt = std::make_unique<two_path_tier_thread>(
@@ -753,6 +773,109 @@ results& the_results() {
     return res;
 }
 
+// ---- The disk while the Adam step runs ---------------------------------------------------
+
+/// What the disk moves while the update's own kernel runs beside it (see measure_contention).
+struct contention {
+    double idle_Bps = 0;    // fio's 50/50 mix alone (median of the rounds)
+    double loaded_Bps = 0;  // the same fio job while the kernel runs (median)
+    double ratio = 0;       // median over the rounds of loaded / the idle measurement before it
+    double adam_Bps = 0;    // the kernel's memory traffic meanwhile (26 bytes per parameter)
+    std::string how;        // how the disk was measured (bandwidths::how)
+    std::string error;
+};
+
+/// The rows overlap the Adam step with the paths' transfers; on a small machine both use the
+/// same cores and the same memory. This measures what that costs the disk, in the same run,
+/// as protocol steps repeated `rounds` times:
+///   1. fio runs the floor's job (the 50/50 mix) for 3 s with the machine otherwise idle;
+///   2. `threads` threads start the update's kernel (adamw_step, fp16 gradients widened in the
+///      step, as the lazy rows run it) over 64 Mi parameters (768 MiB of state, far beyond
+///      the caches) in a loop;
+///   3. the same fio job runs for 3 s beside them; then they stop and report their steps.
+/// One thread is what each row's process computes with (SPILLWAY_UPDATE_PHASE_THREADS), two
+/// what the two-process row runs at once. Without fio (and in smoke mode) measure_disk's
+/// file-tier probe stands in for fio, as it does for the rows' floor.
+contention measure_contention(std::size_t threads, int rounds = 3) {
+    contention c;
+    if (bench::smoke()) rounds = 1;
+    const fs::path dir = bench::scratch_dir() / ("update_phase-contention-" + std::to_string(::getpid()));
+    struct cleanup {
+        fs::path d;
+        ~cleanup() {
+            std::error_code ec;
+            fs::remove_all(d, ec);
+        }
+    } guard{dir};
+    try {
+        fs::create_directories(dir);
+        const shape sh = the_shape();
+        const std::size_t n = bench::smoke() ? std::size_t{1} << 20 : std::size_t{64} << 20;
+        std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+        std::vector<float16> g(n, from_float<float16>(1e-3f));
+        detail::thread_pool pool(threads - 1);
+        std::vector<double> idle, loaded, ratio, adam;
+        for (int round = 0; round < rounds; ++round) {
+            const bandwidths before = measure_disk(dir, sh, 3);
+            std::atomic<bool> stop{false};
+            std::atomic<std::int64_t> steps{0};
+            const auto t0 = clk::now();
+            std::thread load([&] {
+                adamw_step_args args;
+                args.check = grad_check::caller_verified;
+                do {  // at least one step, however short the measurement
+                    (void)adamw_step<float16>(adamw_config{}, args, p, m, v, g, std::span<float16>{}, &pool);
+                    ++args.step;
+                    steps.fetch_add(1, std::memory_order_relaxed);
+                } while (!stop.load(std::memory_order_relaxed));
+            });
+            bandwidths during;
+            try {
+                during = measure_disk(dir, sh, 3);
+            } catch (...) {
+                stop = true;
+                load.join();
+                throw;
+            }
+            stop = true;
+            load.join();
+            const double secs = std::chrono::duration<double>(clk::now() - t0).count();
+            c.how = before.how;
+            idle.push_back(before.disk_total());
+            loaded.push_back(during.disk_total());
+            if (before.disk_total() > 0) ratio.push_back(during.disk_total() / before.disk_total());
+            adam.push_back(26.0 * static_cast<double>(n) * static_cast<double>(steps.load()) / secs);
+            std::fprintf(stderr, "[update_phase] disk under Adam, %zu thread(s), round %d: idle %.0f MB/s, beside the kernel %.0f MB/s (%.2f); kernel %.1f GB/s\n",
+                         threads, round, before.disk_total() / 1e6, during.disk_total() / 1e6,
+                         ratio.empty() ? 0.0 : ratio.back(), adam.back() / 1e9);
+        }
+        c.idle_Bps = median(idle);
+        c.loaded_Bps = median(loaded);
+        c.ratio = median(ratio);
+        c.adam_Bps = median(adam);
+    } catch (const std::exception& e) {
+        c.error = e.what();
+    }
+    return c;
+}
+
+void report_contention(benchmark::State& state, std::size_t threads) {
+    const contention c = measure_contention(threads);
+    if (!c.error.empty()) {
+        state.SkipWithError(c.error.c_str());
+        for (auto _ : state) {
+        }
+        return;
+    }
+    for (auto _ : state) state.SetIterationTime(1.0 / std::max(1.0, c.loaded_Bps));
+    state.counters["idle_Bps"] = c.idle_Bps;
+    state.counters["loaded_Bps"] = c.loaded_Bps;
+    state.counters["loaded_vs_idle"] = c.ratio;
+    state.counters["adam_Bps"] = c.adam_Bps;
+    state.counters["threads"] = static_cast<double>(threads);
+    state.SetLabel(c.how + ", alone and beside adamw_step (fp16 grads)");
+}
+
 void report_row(benchmark::State& state, std::size_t index) {
     auto& res = the_results();
     std::string error = !res.error.empty() ? res.error : index >= res.rows.size() ? "row did not run" : res.rows[index].error;
@@ -798,6 +921,13 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < std::size(names); ++i)
         benchmark::RegisterBenchmark((std::string("update_phase/") + names[i]).c_str(),
                                      [i](benchmark::State& st) { report_row(st, i); })
+            ->UseManualTime()
+            ->Iterations(1)
+            ->Unit(benchmark::kSecond);
+    for (std::size_t threads : {1, 2})
+        benchmark::RegisterBenchmark("disk_under_adam", [threads](benchmark::State& st) { report_contention(st, threads); })
+            ->Arg(static_cast<int64_t>(threads))
+            ->ArgName("threads")
             ->UseManualTime()
             ->Iterations(1)
             ->Unit(benchmark::kSecond);

@@ -756,11 +756,12 @@ _UPDATE_NAMES = {
     "+second_path": "+ second path (virtual tier)",
     "+node_lock_2proc": "+ node_lock, 2 processes",
 }
+_CONTENTION_ROW = re.compile(r"^disk_under_adam/threads:(\d+)")
 UPDATE_GOAL_SPEEDUP, UPDATE_GOAL_VS_LIMIT = 2.3, 0.9
 
 
 def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
-    (matched,), rest = classify(rep.rows, _UPDATE_ROW)
+    (matched, contended), rest = classify(rep.rows, _UPDATE_ROW, _CONTENTION_ROW)
     rows = [(m.group(1), r) for m, r in matched]
     out, heads = [], []
     if rows:
@@ -784,6 +785,7 @@ def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
             out.append(f"Disk under the 50/50 mix (median of the rounds): {fmt(gb(disk))} GB/s; shm throttle "
                        f"{fmt(gb(shm))} GB/s; optimizer state {fmt(first.get('state_GiB'), 3)} GiB, host buffers "
                        f"{fmt(first.get('buffer_GiB'), 2)} GiB.\n")
+        out.append(contention_table(contended))
         full_key, full = rows[-1]
         out.append("**Next to MLP-Offload's published table.** Source: " + MLP_OFFLOAD_PUBLISHED["source"] +
                    ".\n\n" + comparison_table(rows))
@@ -798,6 +800,20 @@ def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
     out.append(other_rows(rest))
     out.append(skipped_rows(rep.rows))
     return SectionOutput("\n".join(x for x in out if x), heads)
+
+
+def contention_table(contended) -> str:
+    """The disk beside the Adam kernel (bench_update_phase's disk_under_adam rows), or nothing."""
+    if not contended:
+        return ""
+    body = [[m.group(1), fmt(gb(r.get("idle_Bps"))), fmt(gb(r.get("loaded_Bps"))), fmt(r.get("loaded_vs_idle")),
+             fmt(gb(r.get("adam_Bps")), 1)] for m, r in contended]
+    return ("**The disk while the Adam step runs** (same run): the floor's fio job alone, then beside "
+            "the update's own kernel (adamw_step with fp16 gradients over 768 MiB of state, in a loop) on "
+            "as many threads as the rows compute with (one per process). The rows overlap the two, so "
+            "*beside / idle* is what the floor's bandwidth shrinks to while a call computes.\n\n" +
+            md_table(["Adam threads", "fio idle GB/s", "fio beside Adam GB/s", "beside / idle",
+                      "Adam's memory traffic GB/s"], body))
 
 
 def busy_percent(fraction) -> str:

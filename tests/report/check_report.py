@@ -114,6 +114,15 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| disk busy | shm busy |", sections[update.title])
         busy = f"| {100 * full['disk_busy']:.0f}% | {100 * full['shm_busy']:.0f}% |"
         self.assertIn(busy, sections[update.title])
+        # The disk beside the Adam kernel: a line per thread count with its ratio to the idle disk.
+        contended = [r for r in rows if r["name"].startswith("disk_under_adam/threads:")]
+        self.assertEqual(len(contended), 2)
+        self.assertIn("**The disk while the Adam step runs**", sections[update.title])
+        for r in contended:
+            threads = r["name"].split(":")[1].split("/")[0]
+            self.assertIn(f"| {threads} | ", sections[update.title])
+            self.assertIn(f" | {r['loaded_vs_idle']:.2f} | ", sections[update.title])
+        self.assertNotIn("disk_under_adam", sections[update.title])  # not listed again among other rows
 
     def test_missing_unknown_and_added_rows(self):
         # Only the tiers' JSON (and a new one): the stash's is missing, among others.
