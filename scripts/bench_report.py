@@ -756,12 +756,12 @@ _UPDATE_NAMES = {
     "+second_path": "+ second path (virtual tier)",
     "+node_lock_2proc": "+ node_lock, 2 processes",
 }
-_CONTENTION_ROW = re.compile(r"^disk_under_adam/threads:(\d+)")
+_DISK_UNDER_ADAM_ROW = re.compile(r"^disk_under_adam/threads:(\d+)")
 UPDATE_GOAL_SPEEDUP, UPDATE_GOAL_VS_LIMIT = 2.3, 0.9
 
 
 def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
-    (matched, contended), rest = classify(rep.rows, _UPDATE_ROW, _CONTENTION_ROW)
+    (matched, contended), rest = classify(rep.rows, _UPDATE_ROW, _DISK_UNDER_ADAM_ROW)
     rows = [(m.group(1), r) for m, r in matched]
     out, heads = [], []
     if rows:

@@ -96,6 +96,8 @@ class ReportTest(unittest.TestCase):
             self.assertIn("Measured on ", body, f"{s.key}: no machine line")
             self.assertRegex(body, r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", f"{s.key}: no date")
             self.assertIn("| --- |", body, f"{s.key}: no table")
+            # Every fixture row is one its section knows: none falls through to "Other rows".
+            self.assertNotIn("Other rows", body, f"{s.key}: a known row was not recognised")
             for png in EXPECTED_PLOTS[s.key]:
                 self.assertIn(f"(img/{png})", body, f"{s.key}: {png} not shown")
                 data = (out / "img" / png).read_bytes()
