@@ -124,7 +124,6 @@ class ReportTest(unittest.TestCase):
             threads = r["name"].split(":")[1].split("/")[0]
             self.assertIn(f"| {threads} | ", sections[update.title])
             self.assertIn(f" | {r['loaded_vs_idle']:.2f} | ", sections[update.title])
-        self.assertNotIn("disk_under_adam", sections[update.title])  # not listed again among other rows
 
     def test_missing_unknown_and_added_rows(self):
         # Only the tiers' JSON (and a new one): the stash's is missing, among others.
