@@ -195,6 +195,7 @@ mini_gpt::options run_options(bool gpt2_124m, offload_mode mode, const offload_p
     o.quiet = true;
     o.offload = mode;
     o.paths = {path.dir / "mini_gpt"};
+    o.lock_dir = path.dir / "mini_gpt-locks";  // beside the path, not one pair per run in /dev/shm
     o.act_split = 1 << 30;  // every layer's activations to the tier (see the file comment)
     if (gpt2_124m) {
         o.layers = 12;
@@ -219,7 +220,8 @@ std::vector<std::string> command_line(const mini_gpt::options& o) {
     return {"--json", "--threads", s(o.threads), "--layers", s(o.layers), "--channels", s(o.channels), "--heads",
             s(o.heads), "--vocab", s(o.vocab), "--max-seq", s(o.max_seq), "--batch", s(o.batch), "--seq", s(o.seq),
             "--steps", s(o.steps), "--subgroup", s(o.subgroup), "--buffers", s(o.buffers), "--offload",
-            offload_name(o.offload), "--act-split", "offload", "--path", o.paths.front().string()};
+            offload_name(o.offload), "--act-split", "offload", "--path", o.paths.front().string(),
+            "--lock-dir", o.lock_dir.string()};
 }
 
 std::string shell_quote(const std::string& s) {

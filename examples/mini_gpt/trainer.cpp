@@ -159,6 +159,8 @@ Usage: mini_gpt [flags]
   --grad-dtype D      fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
   --offload M         none | optimizer | activations | all
   --path DIR          a storage path for offloaded state (repeatable; default: a temp dir)
+  --lock-dir DIR      where the paths' node_lock files go (default: /dev/shm, or the temp
+                      dir); every process that shares a --path must use the same one
   --act-split S       which layers' activations stay in memory: adaptive (TBA's rule from a
                       profiling step; default), offload (none stay), or K (layers K.. stay)
   --act-budget MiB    most bytes the activation stash holds (default: one layer's worth)
@@ -209,6 +211,7 @@ options parse_options(const std::vector<std::string>& args) {
             else if (v == "all") o.offload = offload_mode::all;
             else bad_flag(a, "expected none, optimizer, activations or all, got '" + v + "'");
         } else if (a == "--path") o.paths.emplace_back(value());
+        else if (a == "--lock-dir") o.lock_dir = value();
         else if (a == "--act-budget")
             o.act_budget_mib = static_cast<std::size_t>(parse_int(a, value(), 0, std::int64_t{1} << 40));
         else if (a == "--act-split") {
@@ -394,6 +397,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     if (!opt.save_model.empty()) ensure_writable_file(opt.save_model, "--save-model");
     if (!opt.save_dir.empty()) ensure_writable_dir(opt.save_dir, "--save");
     for (const auto& p : opt.paths) ensure_writable_dir(p, "--path");
+    if (!opt.lock_dir.empty()) ensure_writable_dir(opt.lock_dir, "--lock-dir");
     if (!opt.trace.empty()) ensure_writable_file(opt.trace, "--trace");
     std::unique_ptr<scoped_temp_dir> temp_paths;
     std::vector<std::filesystem::path> paths = opt.paths;
@@ -415,7 +419,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     os.paths = paths;
     // A temporary path is this process's alone: its locks live (and go) with it, instead of
     // leaving a lock file per run in /dev/shm.
-    if (temp_paths) os.lock_directory = temp_paths->path();
+    if (!opt.lock_dir.empty()) os.lock_directory = opt.lock_dir;
+    else if (temp_paths) os.lock_directory = temp_paths->path();
     os.grads = opt.grads;
     os.pool = &pool;
     os.recorder = recorder.get();

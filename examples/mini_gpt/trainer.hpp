@@ -43,6 +43,7 @@ struct options {
     grad_dtype grads = grad_dtype::fp32;        // --grad-dtype fp32|bf16|fp16
     offload_mode offload = offload_mode::none;  // --offload none|optimizer|activations|all
     std::vector<std::filesystem::path> paths;   // --path DIR (repeatable); default: a temp dir
+    std::filesystem::path lock_dir;    // --lock-dir DIR for node_lock's files (default: /dev/shm)
     int act_split = -1;                // --act-split adaptive (-1) | offload (every layer) | K
     std::size_t act_budget_mib = 0;    // --act-budget MiB for the stash (0: one layer's worth)
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup

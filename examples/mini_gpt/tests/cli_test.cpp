@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -182,7 +183,8 @@ TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted
     const auto d = dir.path();
     const int steps = 10;
     auto common = tiny_args() + std::vector<std::string>{"--steps", std::to_string(steps), "--json", "--offload", "all",
-                                                         "--path", (d / "p").string(), "--grad-dtype", "bf16"};
+                                                         "--path", (d / "p").string(), "--lock-dir", (d / "locks").string(),
+                                                         "--grad-dtype", "bf16"};
     auto straight = run(d, common);
     REQUIRE(straight.status == 0);
     auto want = json_losses(straight.out);
@@ -238,8 +240,14 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     spillway::test::temp_dir dir("mini_gpt_cli");
     const auto d = dir.path();
     auto r = run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--json", "--offload", "all", "--path",
-                                                           (d / "p").string(), "--trace", (d / "trace.json").string()});
+                                                           (d / "p").string(), "--lock-dir", (d / "locks").string(),
+                                                           "--trace", (d / "trace.json").string()});
     REQUIRE(r.status == 0);
+    // The path's node_lock files went to --lock-dir (not /dev/shm), one per direction.
+    std::size_t lock_files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(d / "locks"))
+        lock_files += e.path().extension() == ".lock";
+    CHECK(lock_files == 2);
     std::istringstream lines(r.out);
     std::string line;
     int n = 0;
@@ -257,7 +265,7 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
         CHECK(trace.find(name) != std::string::npos);
 
     auto table = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--offload", "all", "--path",
-                                                               (d / "p").string()});
+                                                               (d / "p").string(), "--lock-dir", (d / "locks").string()});
     REQUIRE(table.status == 0);
     for (const char* s : {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
                           "activations", "stash", "optimizer", "resident set"})

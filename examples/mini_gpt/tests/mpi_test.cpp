@@ -83,6 +83,7 @@ TEST_CASE("two MPI ranks match one process within 1e-5 relative per step") {
         }
         args.insert(args.end(), common.begin(), common.end());
         for (std::string a : std::vector<std::string>{"--offload", mode, "--path", (d / "shared1").string(), "--path", (d / "shared2").string(),
+                              "--lock-dir", (d / "locks").string(),
                               "--save-model", (d / (std::string(mode) + ".bin")).string()})
             args.push_back(a);
         int rc = run(args, d / "two.txt");

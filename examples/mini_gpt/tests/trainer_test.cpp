@@ -31,6 +31,7 @@ options tiny(const std::filesystem::path& scratch) {
     o.corpus_bytes = 1 << 14;
     o.subgroup = 5000;  // several subgroups (the tiny model has ~30k params)
     o.paths = {scratch / "p1", scratch / "p2"};
+    o.lock_dir = scratch / "locks";  // not /dev/shm: the scratch directory goes after the test
     return o;
 }
 
