@@ -22,7 +22,8 @@
 //   5 +node_lock_2proc two worker processes, each half the parameters and half the buffers,
 //                      sharing both paths under node_lock (one reader and one writer per path)
 // Noise: the disk is shared (the same call took 3.8 s in one round and 20 s in another), so
-// every row is built first (its state initialised on its own files) and then the rows are
+// every row is built first (its state initialised on its own files), the disk settles after
+// those writes (see the phase), and then the rows are
 // called in rounds: one warm-up round (the first call reads every subgroup), then
 // `timed_calls` rounds of one call per row. In a timed round fio measures the disk for 3 s
 // before the first row and after every row, so each call is bracketed by two measurements and
@@ -207,15 +208,21 @@ struct sample {
     // Busy seconds of each path's reads and writes during the call (child_io; for two worker
     // processes the sum of both: node_lock lets one of them read, and one write, at a time).
     double disk_read_busy = 0, disk_write_busy = 0, shm_read_busy = 0, shm_write_busy = 0;
+    double disk_bytes_read = 0, disk_bytes_written = 0;  // what the disk path moved in the call
     /// Mean over the two directions of the disk's (the shm path's) busy time / the call.
     [[nodiscard]] double disk_busy() const { return secs > 0 ? (disk_read_busy + disk_write_busy) / (2 * secs) : 0; }
     [[nodiscard]] double shm_busy() const { return secs > 0 ? (shm_read_busy + shm_write_busy) / (2 * secs) : 0; }
 };
 
+/// MB per second of busy time (0 when the path was never busy).
+double rate_mb(double bytes, double busy_seconds) { return busy_seconds > 0 ? bytes / busy_seconds / 1e6 : 0.0; }
+
 /// Adds a call's per-path busy seconds to `x`: the first child is the disk, a second the shm path.
 void add_busy(sample& x, const std::vector<child_io>& children) {
     if (!children.empty()) {
         x.disk_read_busy += children[0].read_busy_seconds;
+        x.disk_bytes_read += static_cast<double>(children[0].bytes_read);
+        x.disk_bytes_written += static_cast<double>(children[0].bytes_written);
         x.disk_write_busy += children[0].write_busy_seconds;
     }
     if (children.size() > 1) {
@@ -393,6 +400,7 @@ struct two_process_runner : runner {
     struct msg {
         double secs, read_wait, compute, write_wait, bytes_read, bytes_written, served;
         double disk_read_busy, disk_write_busy, shm_read_busy, shm_write_busy;
+        double disk_bytes_read, disk_bytes_written;
         int ok;
     };
     int to_parent[2] = {-1, -1};
@@ -469,11 +477,11 @@ struct two_process_runner : runner {
                 send({std::chrono::duration<double>(clk::now() - t0).count(), st.read_wait_seconds, st.compute_seconds,
                       st.write_wait_seconds, static_cast<double>(st.bytes_read), static_cast<double>(st.bytes_written),
                       static_cast<double>(st.served_from_resident), busy.disk_read_busy, busy.disk_write_busy,
-                      busy.shm_read_busy, busy.shm_write_busy, 1});
+                      busy.shm_read_busy, busy.shm_write_busy, busy.disk_bytes_read, busy.disk_bytes_written, 1});
             }
         } catch (const std::exception& e) {
             std::fprintf(stderr, "worker %d: %s\n", w, e.what());
-            send({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1});
+            send({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1});
             std::_Exit(1);
         }
         std::_Exit(0);
@@ -508,6 +516,8 @@ struct two_process_runner : runner {
             x.disk_write_busy += m.disk_write_busy;
             x.shm_read_busy += m.shm_read_busy;
             x.shm_write_busy += m.shm_write_busy;
+            x.disk_bytes_read += m.disk_bytes_read;
+            x.disk_bytes_written += m.disk_bytes_written;
         }
         x.secs = std::chrono::duration<double>(clk::now() - t0).count();
         return x;
@@ -671,8 +681,17 @@ results& the_results() {
             // between measurements of the disk. Two phases keep the host memory in use bounded.
             out.rows.resize(5);
             auto phase = [&](std::vector<int> ids, bool keep_baseline) {
-            std::vector<std::unique_ptr<runner>> rows;
-            for (int id : ids) rows.push_back(make_row(id));
+            // Row 5 forks its worker processes: build it first, before this process allocates
+            // the other rows' pipeline buffers. Memory allocated before a fork() is shared
+            // copy-on-write with the children, and the first write to a shared huge page (a
+            // read from the disk into a buffer) splits it into base pages: the buffers of the
+            // rows built before row 5 fell from 3 GiB of huge pages to 80 MiB within a round
+            // (and O_DIRECT from base pages is far slower on this disk, see buffer_pages);
+            // built after it, they stay at 3 GiB.
+            std::vector<std::unique_ptr<runner>> rows(ids.size());
+            for (std::size_t pass = 0; pass < 2; ++pass)
+                for (std::size_t i = 0; i < ids.size(); ++i)
+                    if ((ids[i] == 5) == (pass == 0)) rows[i] = make_row(ids[i]);
             std::vector<double> disk_totals;
             // One round, each row in turn (the protocol that ties every call to its limit):
             //   1. fio measures the disk for 3 s (the first row of a round), or the measurement
@@ -681,6 +700,19 @@ results& the_results() {
             //   3. the row's call runs;
             //   4. fio measures the disk again; the call's floor uses the mean of 1 and 4.
             auto mark = [&] { return bench::smoke() ? bw : measure_disk(p.disk, sh, 3); };
+            // Before round 0 the disk settles: building the rows writes their whole state (GBs
+            // at once), and this virtual disk then runs at a fraction of its speed for a while
+            // (fio right after laying out an 8 GiB file: 0.98 GB/s, then 1.93 and 2.17; the
+            // calls right after building a row were the slow ones). Wait 2 s and measure, until
+            // fio reaches 0.85 of the run's first measurement (taken before any write), at most
+            // 8 times.
+            for (int k = 0; k < 8 && !bench::smoke(); ++k) {
+                std::this_thread::sleep_for(std::chrono::seconds(2));
+                const double now = mark().disk_total();
+                std::fprintf(stderr, "[update_phase] settling after building the rows: disk %.0f MB/s (%.2f of the first measurement)\n",
+                             now / 1e6, now / std::max(1.0, bw.disk_total()));
+                if (now >= 0.85 * bw.disk_total()) break;
+            }
             for (int round = 0; round <= sh.timed_calls; ++round) {
                 bandwidths before = mark();
                 if (round > 0) disk_totals.push_back(before.disk_total());
@@ -699,11 +731,13 @@ results& the_results() {
                         auto x = r->call();
                         std::fprintf(stderr,
                                      "[update_phase] round %d %-22s update %.3f s  read-wait %.3f  compute %.3f  "
-                                     "write-wait %.3f  hand-over %.3f  disk %.0f MB/s%s  busy: disk %.0f%%%s\n",
+                                     "write-wait %.3f  hand-over %.3f  disk %.0f MB/s%s  busy: disk %.0f%%%s  "
+                                     "disk while busy: read %.0f MB/s, write %.0f MB/s\n",
                                      round, r->name.c_str(), x.secs, x.read_wait, x.compute, x.write_wait, x.handover,
                                      before.disk_total() / 1e6, r->two_paths ? " (shm throttle: half)" : "",
                                      100 * x.disk_busy(),
-                                     r->two_paths ? (" shm " + std::to_string(static_cast<int>(100 * x.shm_busy() + 0.5)) + "%").c_str() : "");
+                                     r->two_paths ? (" shm " + std::to_string(static_cast<int>(100 * x.shm_busy() + 0.5)) + "%").c_str() : "",
+                                     rate_mb(x.disk_bytes_read, x.disk_read_busy), rate_mb(x.disk_bytes_written, x.disk_write_busy));
                         const bandwidths after = mark();
                         if (round > 0) {
                             disk_totals.push_back(after.disk_total());
