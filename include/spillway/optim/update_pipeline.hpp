@@ -897,7 +897,7 @@ private:
 
     // Step 1: at most host_buffers - streaming_buffers resident subgroups; write out those visited last.
     void make_room() {
-        const std::size_t bound = cfg_.host_buffers - cfg_.streaming_buffers;
+        const std::size_t bound = resident_capacity();
         auto order = next_order();
         std::size_t count = 0;
         for (auto r : resident_of_) count += r >= 0;
