@@ -13,7 +13,9 @@
 // Rows (each adds one idea to the previous one):
 //   1 baseline         DeepSpeed ZeRO-3 NVMe-like: ascending order, no resident set, fp32
 //                      gradients written to the tier in backward (hand-over) and read back
-//   2 +lazy_widening   fp16 gradients stay in host memory, widened inside the Adam step
+//   2 +lazy_widening   fp16 gradients stay in host memory, widened inside the Adam step;
+//                      backward's hand-over is only the gradient check (sum of squares,
+//                      overflow), as the baseline's hand-over also checks them first
 //   3 +alternating     alternating order, the 29 spare buffers keep subgroups resident
 //   4 +second_path     virtual tier over disk and shm (placement fixed at the bandwidths
 //                      measured here, 2:1: the adaptive estimate swung from call to call
@@ -30,7 +32,7 @@
 // its floor uses their mean. Speedups and vs_limit are taken per round, then the median.
 // Counters per row: update_s (median over the timed calls), read_wait_s, compute_s,
 // write_wait_s, bytes_read, bytes_written, bytes_moved, handover_s (backward's gradient
-// hand-over), served_resident, disk_busy and shm_busy (the share of the call each path had a
+// hand-over: hand_over_gradients(), every row), served_resident, disk_busy and shm_busy (the share of the call each path had a
 // read, and a write, in flight: the mean of the two directions; the rest is idle time, which
 // the floor does not allow), speedup (baseline update_s / row update_s),
 // speedup_with_handover ((update + hand-over) ratio), floor_s and vs_limit = floor_s /
@@ -47,6 +49,8 @@
 // SPILLWAY_UPDATE_PHASE_PAGES=base gives the pipeline buffers and fio's base pages instead of
 // the library's default huge pages (see buffer_pages); SPILLWAY_UPDATE_PHASE_STREAMING
 // (default 3) the streaming buffers per process (pipeline_config::streaming_buffers).
+// Row 4 logs each path's transfers: a summary line per call (durations, rates, idle gaps),
+// and with SPILLWAY_UPDATE_PHASE_OPLOG=DIR every transfer as CSV (DIR/<row>.call<k>.<path>.csv).
 // After the rows, disk_under_adam/threads:{1,2} measures the floor's fio job alone and
 // beside the update's own Adam kernel (see measure_contention): what the disk keeps of its
 // bandwidth while a call computes.
@@ -57,6 +61,8 @@
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/throttled_tier.hpp>
 #include <spillway/tier/virtual_tier.hpp>
+
+#include "support/op_log_tier.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -277,7 +283,10 @@ void second_path_placement(virtual_tier_options& o, const bandwidths& bw) {
     o.placement = placement_mode::fixed;
 }
 
-using two_path_tier_thread = virtual_tier<thread_lock, file_tier<>, throttled_tier<file_tier<>>>;
+// Row 4's children log every operation (bench::op_log_tier) for the per-call summary of each
+// path's transfers (see pipe_runner::log_ops).
+using two_path_tier_thread =
+    virtual_tier<thread_lock, bench::op_log_tier<file_tier<>>, bench::op_log_tier<throttled_tier<file_tier<>>>>;
 using two_path_tier_node = virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>>;
 
 /// Streaming buffers per process (SPILLWAY_UPDATE_PHASE_STREAMING, default 3, the
@@ -340,10 +349,16 @@ struct pipe_runner : runner {
         pipe = std::make_unique<update_pipeline<Tier, float16>>(*tier, cfg, std::span<const float>(data.init), opt);
         grads = data.grads;
         copy = data.copy;
+        if constexpr (requires { tier->template child<0>().take_log(); }) {  // not the initial writes
+            (void)tier->template child<0>().take_log();
+            (void)tier->template child<1>().take_log();
+        }
     }
     void trace_next_call(const fs::path& file) override { trace_file = file; }
     void set_second_path_rate(const throttle_config& rate) override {
         if constexpr (requires { tier->template child<1>().set_rate(rate); }) tier->template child<1>().set_rate(rate);
+        else if constexpr (requires { tier->template child<1>().inner().set_rate(rate); })
+            tier->template child<1>().inner().set_rate(rate);
     }
     sample call() override {
         if (!trace_file.empty()) {
@@ -360,7 +375,7 @@ struct pipe_runner : runner {
     }
     sample timed_call() {
         sample x;
-        if (fp32) {
+        {  // backward's hand-over: fp32 gradients to the tier, or (lazy) the gradient check
             auto t0 = clk::now();
             pipe->hand_over_gradients(grads);
             x.handover = std::chrono::duration<double>(clk::now() - t0).count();
@@ -383,8 +398,31 @@ struct pipe_runner : runner {
                 line += " " + c.name + " read " + bytes_str(c.bytes_read) + " written " + bytes_str(c.bytes_written) + ";";
             std::fprintf(stderr, "%s\n", line.c_str());
         }
+        log_ops(t0);
         return x;
     }
+    /// For children that log their operations: one summary line per path, and with
+    /// SPILLWAY_UPDATE_PHASE_OPLOG=DIR the whole log as DIR/<row>.call<k>.<path>.csv.
+    void log_ops(clk::time_point origin) {
+        if constexpr (requires { tier->template child<0>().take_log(); }) {
+            const char* dir = std::getenv("SPILLWAY_UPDATE_PHASE_OPLOG");
+            auto one = [&](auto& child) {
+                auto ops = child.take_log();
+                std::fprintf(stderr, "[update_phase]   %s ops: %s\n", child.name().c_str(), bench::summarize_ops(ops).c_str());
+                if (dir && *dir) {
+                    std::string path_name = child.name();  // "throttled(shm)" -> "throttled_shm_"
+                    for (char& c : path_name)
+                        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                    bench::save_ops_csv(fs::path(dir) / (name + ".call" + std::to_string(calls_logged) + "." + path_name + ".csv"),
+                                        ops, origin);
+                }
+            };
+            one(tier->template child<0>());
+            one(tier->template child<1>());
+            ++calls_logged;
+        }
+    }
+    int calls_logged = 0;
 };
 
 /// The two-process row's name (its workers name their trace files after it).
@@ -392,15 +430,18 @@ constexpr const char* node_lock_row = "+node_lock_2proc";
 
 /// Row 5: two worker processes, each half the parameters and half the buffers, sharing both
 /// paths under node_lock. Protocol, one command byte at a time on a worker's pipe:
-///   1. 1: one update call; the worker answers with that call's stats;
-///   2. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
-///   3. 0 (or a closed pipe): the worker exits.
+///   1. 3: backward's hand-over (the gradient check); the worker answers with its seconds;
+///   2. 1: one update call; the worker answers with that call's stats;
+///   3. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
+///   4. 0 (or a closed pipe): the worker exits.
+/// A call is 1 then 2 for both workers, as two data-parallel ranks finish backward, then step.
 struct two_process_runner : runner {
     static constexpr int workers = 2;
     struct msg {
         double secs, read_wait, compute, write_wait, bytes_read, bytes_written, served;
         double disk_read_busy, disk_write_busy, shm_read_busy, shm_write_busy;
         double disk_bytes_read, disk_bytes_written;
+        double handover;
         int ok;
     };
     int to_parent[2] = {-1, -1};
@@ -467,6 +508,15 @@ struct two_process_runner : runner {
                     vt.child<1>().set_rate(rate);
                     continue;
                 }
+                if (cmd == 3) {
+                    auto t0 = clk::now();
+                    pipe.hand_over_gradients(grads);
+                    msg m{};
+                    m.handover = std::chrono::duration<double>(clk::now() - t0).count();
+                    m.ok = 1;
+                    send(m);
+                    continue;
+                }
                 auto t0 = clk::now();
                 if (tracing) rec.clear();
                 pipe.update(grads, copy);
@@ -477,11 +527,11 @@ struct two_process_runner : runner {
                 send({std::chrono::duration<double>(clk::now() - t0).count(), st.read_wait_seconds, st.compute_seconds,
                       st.write_wait_seconds, static_cast<double>(st.bytes_read), static_cast<double>(st.bytes_written),
                       static_cast<double>(st.served_from_resident), busy.disk_read_busy, busy.disk_write_busy,
-                      busy.shm_read_busy, busy.shm_write_busy, busy.disk_bytes_read, busy.disk_bytes_written, 1});
+                      busy.shm_read_busy, busy.shm_write_busy, busy.disk_bytes_read, busy.disk_bytes_written, 0, 1});
             }
         } catch (const std::exception& e) {
             std::fprintf(stderr, "worker %d: %s\n", w, e.what());
-            send({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1});
+            send({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1});
             std::_Exit(1);
         }
         std::_Exit(0);
@@ -496,16 +546,22 @@ struct two_process_runner : runner {
                 throw std::runtime_error("a node_lock worker is gone");
     }
     sample call() override {
-        auto t0 = clk::now();
-        for (int w = 0; w < workers; ++w) {
-            char go = 1;
-            if (::write(from_parent[w][1], &go, 1) != 1) throw std::runtime_error("a node_lock worker is gone");
-        }
+        // Sends `cmd` to every worker and returns their answers (protocol above).
+        auto both = [&](char cmd) {
+            for (int w = 0; w < workers; ++w)
+                if (::write(from_parent[w][1], &cmd, 1) != 1) throw std::runtime_error("a node_lock worker is gone");
+            std::vector<msg> answers(workers);
+            for (auto& m : answers)
+                if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 1)
+                    throw std::runtime_error("a node_lock worker process failed (see stderr)");
+            return answers;
+        };
         sample x;
-        for (int w = 0; w < workers; ++w) {
-            msg m{};
-            if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 1)
-                throw std::runtime_error("a node_lock worker process failed (see stderr)");
+        auto h0 = clk::now();
+        (void)both(3);
+        x.handover = std::chrono::duration<double>(clk::now() - h0).count();
+        auto t0 = clk::now();
+        for (const msg& m : both(1)) {
             x.read_wait = std::max(x.read_wait, m.read_wait);
             x.compute = std::max(x.compute, m.compute);
             x.write_wait = std::max(x.write_wait, m.write_wait);
@@ -662,8 +718,8 @@ results& the_results() {
                             fs::create_directories(p.disk / "second");
                             fs::create_directories(p.shm / "second");
                             auto vt = std::make_unique<two_path_tier_thread>(
-                                o, child_args(p.disk / "second", disk_options("disk")),
-                                child_args(half_of(bw), std::in_place, p.shm / "second", disk_options("shm")));
+                                o, child_args(std::in_place, p.disk / "second", disk_options("disk")),
+                                child_args(std::in_place, half_of(bw), std::in_place, p.shm / "second", disk_options("shm")));
                             auto opt = full;
                             opt.key_prefix = "second";
                             return std::make_unique<pipe_runner<two_path_tier_thread>>(std::move(vt), data, sh, opt);

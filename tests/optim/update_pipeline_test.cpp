@@ -411,6 +411,72 @@ TEST_CASE("lazy update: the first reads go out before the gradient check, and a 
     }
 }
 
+TEST_CASE("lazy hand-over: backward checks the gradients, update() skips the check, same bits") {
+    const std::size_t n = 9;
+    const std::size_t count = n * subgroup;
+    auto init = make_params(count, 31);
+    host_tier tier;
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam(),
+                        .max_grad_norm = 1.5};
+    update_pipeline<host_tier, float16> pipe(tier, cfg, init);
+    reference<float16, float16> ref(init, 1.5);
+    std::vector<float16> copy(count);
+    // The trainer's gradient buffer, refilled every step (the same span each time).
+    std::vector<float16> g(count);
+    auto fill = [&](unsigned k, float scale, bool with_inf) { g = make_grads<float16>(count, 900 + k, scale, with_inf); };
+
+    SUBCASE("handed over: the check moves out of update(), nothing is read or written by it") {
+        for (unsigned k = 0; k < 3; ++k) {
+            fill(k, 128.0f, false);
+            auto before = tier.stats();
+            pipe.hand_over_gradients(g, update_args{.grad_scale = 128.0f});
+            CHECK(tier.stats().bytes_read == before.bytes_read);
+            CHECK(tier.stats().bytes_written == before.bytes_written);
+            REQUIRE(pipe.update(g, copy, update_args{.grad_scale = 128.0f}) == ref.step(g, 128.0f));
+            CHECK(pipe.last_stats().handover_seconds > 0);
+            CHECK(pipe.last_stats().handover_bytes_written == 0);
+            CHECK(bits_equal(copy, ref.copy));
+        }
+        check_state(pipe, ref);
+    }
+    SUBCASE("an overflow found in the hand-over skips the step; the next step checks afresh") {
+        fill(0, 1.0f, true);
+        pipe.hand_over_gradients(g);
+        REQUIRE(pipe.update(g, copy) == step_result::skipped_overflow);
+        REQUIRE(ref.step(g, 1.0f) == step_result::skipped_overflow);
+        // Same buffer, now finite, not handed over: update() must not reuse the stale result.
+        fill(1, 1.0f, false);
+        REQUIRE(pipe.update(g, copy) == step_result::applied);
+        REQUIRE(ref.step(g, 1.0f) == step_result::applied);
+        CHECK(pipe.last_stats().handover_seconds == 0);
+        CHECK(bits_equal(copy, ref.copy));
+        // And the other way round: a finite hand-over, then the buffer is refilled with an
+        // inf and handed to update() without a new hand-over; the old result is consumed.
+        fill(2, 1.0f, false);
+        pipe.hand_over_gradients(g);
+        REQUIRE(pipe.update(g, copy) == ref.step(g, 1.0f));
+        fill(3, 1.0f, true);
+        CHECK(pipe.update(g, copy) == step_result::skipped_overflow);
+        check_state(pipe, ref);
+    }
+    SUBCASE("a different span or scale at update() is checked again") {
+        fill(4, 1.0f, false);
+        pipe.hand_over_gradients(g);
+        auto other = make_grads<float16>(count, 950, 1.0f, /*with_inf=*/true);
+        CHECK(pipe.update(other, copy) == step_result::skipped_overflow);  // not g's result
+        fill(5, 2.0f, false);
+        pipe.hand_over_gradients(g, update_args{.grad_scale = 1.0f});
+        REQUIRE(pipe.update(g, copy, update_args{.grad_scale = 2.0f}) == ref.step(g, 2.0f));
+        CHECK(pipe.last_stats().handover_seconds == 0);  // the hand-over's scale differed
+        CHECK(bits_equal(copy, ref.copy));
+        check_state(pipe, ref);
+    }
+    SUBCASE("bad arguments are refused") {
+        CHECK_THROWS_AS(pipe.hand_over_gradients(std::span<const float16>(g).first(10)), std::invalid_argument);
+        CHECK_THROWS_AS(pipe.hand_over_gradients(g, update_args{.grad_scale = 0.0f}), std::invalid_argument);
+    }
+}
+
 TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") {
     test::temp_dir a("pipe-child-a"), b("pipe-child-b");
     virtual_tier_options o;
@@ -832,7 +898,6 @@ TEST_CASE("bad configurations and arguments are refused up front") {
     CHECK_THROWS_AS(p.update(g, short_copy), std::invalid_argument);
     CHECK_THROWS_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}), std::invalid_argument);
     CHECK(p.prefetched_count() == 0);  // refused before any read was issued
-    CHECK_THROWS_AS(p.hand_over_gradients(g), std::invalid_argument);  // lazy path
     // A second pipeline with the same keys on the same tier is refused.
     CHECK_THROWS_AS((update_pipeline<host_tier, float16>(tier, cfg, init)), std::invalid_argument);
     CHECK(p.update(g, {}) == step_result::applied);  // no compute copy is fine

@@ -14,7 +14,9 @@
 //   order, resident-set size, gradient path and tier (adamw_step's results do not depend on
 //   how the arrays are split).
 // - Overflow: update() first sums the squares of every gradient (grad_sum_squares, which
-//   also gives the global norm for clipping). If any gradient is inf/NaN it returns
+//   also gives the global norm for clipping), unless hand_over_gradients() already did for
+//   this step over the same span and scale (backward's hand-over, while the paths
+//   prefetch). If any gradient is inf/NaN it returns
 //   step_result::skipped_overflow before any I/O: nothing on the tier, in the buffers or in
 //   the trainer's copy changes, and the step counter does not advance.
 // - Clipping: with max_grad_norm > 0 the gradients are scaled by clip_coefficient(total,
@@ -223,7 +225,7 @@ struct update_stats {
     double read_wait_seconds = 0;   ///< blocked waiting for reads
     double compute_seconds = 0;     ///< in the Adam step (and the gradient check)
     double write_wait_seconds = 0;  ///< blocked waiting for writes
-    double handover_seconds = 0;    ///< hand_over_gradients() for this step (fp32_on_tier)
+    double handover_seconds = 0;    ///< hand_over_gradients() for this step (0 when not called)
     std::size_t subgroups_read = 0;        ///< subgroups whose state was read from the tier
     std::size_t subgroups_written = 0;     ///< subgroups whose state was written to the tier
     std::size_t served_from_resident = 0;  ///< subgroups found in the resident set (no read)
@@ -314,20 +316,28 @@ public:
 
     // ---- The update phase -----------------------------------------------------------
 
-    /// gradient_path::fp32_on_tier only (the DeepSpeed-like backward): checks `grads`, widens
-    /// each subgroup's gradients to fp32 and writes them to the tier ("<prefix>-<i>.grad"),
-    /// pipelined over the free host buffers. The next update(copy_out) uses them. The time
-    /// goes into last_stats().handover_seconds of that update.
+    /// Backward's hand-over of this step's gradients; the time goes into
+    /// last_stats().handover_seconds of the next update.
+    ///  - gradient_path::fp32_on_tier (the DeepSpeed-like backward): checks `grads`, widens
+    ///    each subgroup's gradients to fp32 and writes them to the tier ("<prefix>-<i>.grad"),
+    ///    pipelined over the free host buffers. The next update(copy_out) uses them.
+    ///  - gradient_path::lazy_widening: only the gradient check (sum of squares, overflow),
+    ///    which update() then skips: a trainer calls it at the end of backward, e.g. while
+    ///    begin_prefetch()'s reads run. Nothing is read or written. The next
+    ///    update(grads, ...) uses the result when it gets the same span (data and size) and
+    ///    grad_scale, and checks again otherwise; the gradients' values must not change in
+    ///    between. One update consumes it (a skipped or failed update included).
     void hand_over_gradients(std::span<const Grad> grads, update_args args = {}) {
-        expect_argument(opts_.gradients == gradient_path::fp32_on_tier,
-                        "update_pipeline::hand_over_gradients needs gradient_path::fp32_on_tier");
         check_grads_size(grads);
+        check_grad_scale(args.grad_scale);
         auto t0 = clock::now();
         handover_ = handover_state{};
         handover_.sum_squares = sum_squares(grads, args.grad_scale);
         handover_.grad_scale = args.grad_scale;
         handover_.for_step = steps_ + 1;
-        if (std::isfinite(handover_.sum_squares)) write_fp32_grads(grads);
+        handover_.grads = grads.data();
+        handover_.grad_count = grads.size();
+        if (opts_.gradients == gradient_path::fp32_on_tier && std::isfinite(handover_.sum_squares)) write_fp32_grads(grads);
         handover_.valid = true;
         handover_.seconds = seconds_since(t0);
     }
@@ -351,13 +361,24 @@ public:
         // the paths would otherwise sit idle while the check reads every gradient (on a
         // 4 GiB state, about a tenth of the call). A skipped step keeps them for the next.
         own_prefetches_ += prefetch_reads(std::numeric_limits<std::size_t>::max());
-        double total = sum_squares(grads, args.grad_scale, /*poll=*/true);
-        handover_ = handover_state{};
-        handover_.sum_squares = total;
-        handover_.grad_scale = args.grad_scale;
-        handover_.for_step = steps_ + 1;
-        handover_.valid = true;
-        double check_seconds = seconds_since(t0);
+        const bool handed_over = handover_.valid && handover_.for_step == steps_ + 1 && handover_.grads == grads.data() &&
+                                 handover_.grad_count == grads.size() && handover_.grad_scale == args.grad_scale;
+        double check_seconds = 0;
+        if (!handed_over) {
+            double total = sum_squares(grads, args.grad_scale, /*poll=*/true);
+            handover_ = handover_state{};
+            handover_.sum_squares = total;
+            handover_.grad_scale = args.grad_scale;
+            handover_.for_step = steps_ + 1;
+            handover_.valid = true;
+            check_seconds = seconds_since(t0);
+        }
+        // One update consumes the hand-over, whatever its outcome: a trainer that refills the
+        // same gradient buffer for the next step without handing it over gets a fresh check.
+        struct consume {
+            handover_state& h;
+            ~consume() { h.valid = false; }
+        } consumed{handover_};
         auto r = run(grads, copy_out, t0, std::move(children_before));
         stats_.compute_seconds += check_seconds;
         return r;
@@ -561,6 +582,8 @@ private:
         float grad_scale = 1;
         double seconds = 0;
         std::uint64_t bytes = 0;
+        const Grad* grads = nullptr;  // the span checked (lazy widening: update() compares)
+        std::size_t grad_count = 0;
     };
     struct call_error {
         std::exception_ptr error;
@@ -739,7 +762,7 @@ private:
                             " were not handed over (call hand_over_gradients first)");
         const std::int64_t target = steps_ + 1;
         stats_ = update_stats{};
-        stats_.handover_seconds = opts_.gradients == gradient_path::fp32_on_tier ? handover_.seconds : 0.0;
+        stats_.handover_seconds = handover_.seconds;  // 0 when update() checked the gradients itself
         stats_.handover_bytes_written = handover_.bytes;
         stats_.grad_norm = std::sqrt(handover_.sum_squares);
         if (!std::isfinite(handover_.sum_squares)) {
