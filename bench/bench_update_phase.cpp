@@ -283,11 +283,31 @@ void second_path_placement(virtual_tier_options& o, const bandwidths& bw) {
     o.placement = placement_mode::fixed;
 }
 
-// Row 4's children log every operation (bench::op_log_tier) for the per-call summary of each
-// path's transfers (see pipe_runner::log_ops).
+// The two-path rows' children log every operation (bench::op_log_tier) for the per-call
+// summary of each path's transfers (see log_path_ops).
 using two_path_tier_thread =
     virtual_tier<thread_lock, bench::op_log_tier<file_tier<>>, bench::op_log_tier<throttled_tier<file_tier<>>>>;
-using two_path_tier_node = virtual_tier<node_lock, file_tier<>, throttled_tier<file_tier<>>>;
+using two_path_tier_node =
+    virtual_tier<node_lock, bench::op_log_tier<file_tier<>>, bench::op_log_tier<throttled_tier<file_tier<>>>>;
+
+/// One summary line per path of a two-path tier's call (`who`: the row, or the worker); with
+/// SPILLWAY_UPDATE_PHASE_OPLOG=DIR also every transfer as DIR/<who>.call<k>.<path>.csv.
+template <class Tier>
+void log_path_ops(Tier& tier, const std::string& who, int call, clk::time_point origin) {
+    const char* dir = std::getenv("SPILLWAY_UPDATE_PHASE_OPLOG");
+    auto one = [&](auto& child) {
+        auto ops = child.take_log();
+        std::fprintf(stderr, "[update_phase]   %s %s ops: %s\n", who.c_str(), child.name().c_str(), bench::summarize_ops(ops).c_str());
+        if (dir && *dir) {
+            std::string path_name = child.name();  // "throttled(shm)" -> "throttled_shm_"
+            for (char& c : path_name)
+                if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+            bench::save_ops_csv(fs::path(dir) / (who + ".call" + std::to_string(call) + "." + path_name + ".csv"), ops, origin);
+        }
+    };
+    one(tier.template child<0>());
+    one(tier.template child<1>());
+}
 
 /// Streaming buffers per process (SPILLWAY_UPDATE_PHASE_STREAMING, default 3, the
 /// pipeline's default); the rest of a process's buffers form its resident set.
@@ -401,26 +421,9 @@ struct pipe_runner : runner {
         log_ops(t0);
         return x;
     }
-    /// For children that log their operations: one summary line per path, and with
-    /// SPILLWAY_UPDATE_PHASE_OPLOG=DIR the whole log as DIR/<row>.call<k>.<path>.csv.
+    /// For children that log their operations: see log_path_ops.
     void log_ops(clk::time_point origin) {
-        if constexpr (requires { tier->template child<0>().take_log(); }) {
-            const char* dir = std::getenv("SPILLWAY_UPDATE_PHASE_OPLOG");
-            auto one = [&](auto& child) {
-                auto ops = child.take_log();
-                std::fprintf(stderr, "[update_phase]   %s ops: %s\n", child.name().c_str(), bench::summarize_ops(ops).c_str());
-                if (dir && *dir) {
-                    std::string path_name = child.name();  // "throttled(shm)" -> "throttled_shm_"
-                    for (char& c : path_name)
-                        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                    bench::save_ops_csv(fs::path(dir) / (name + ".call" + std::to_string(calls_logged) + "." + path_name + ".csv"),
-                                        ops, origin);
-                }
-            };
-            one(tier->template child<0>());
-            one(tier->template child<1>());
-            ++calls_logged;
-        }
+        if constexpr (requires { tier->template child<0>().take_log(); }) log_path_ops(*tier, name, calls_logged++, origin);
     }
     int calls_logged = 0;
 };
@@ -478,8 +481,8 @@ struct two_process_runner : runner {
             second_path_placement(o, bw);
             o.locks.directory = p.locks;
             o.lock_names = {"disk", "shm"};
-            two_path_tier_node vt(o, child_args(disk, disk_options("disk")),
-                                  child_args(half_of(bw), std::in_place, shm, disk_options("shm")));
+            two_path_tier_node vt(o, child_args(std::in_place, disk, disk_options("disk")),
+                                  child_args(std::in_place, half_of(bw), std::in_place, shm, disk_options("shm")));
             // The parent's shared thread pool has no threads in this forked child: own one.
             detail::thread_pool pool(compute_threads() - 1);
             // SPILLWAY_UPDATE_PHASE_TRACE=DIR: each worker records every call and keeps the
@@ -499,13 +502,16 @@ struct two_process_runner : runner {
                 vt, cfg, std::span<const float>(data.init).subspan(offset, params), opt);
             auto grads = std::span<const float16>(data.grads).subspan(offset, params);
             auto copy = std::span<float16>(data.copy).subspan(offset, params);
+            (void)vt.child<0>().take_log();  // not the initial writes
+            (void)vt.child<1>().take_log();
+            int calls = 0;
             for (;;) {
                 char cmd = 0;
                 if (::read(from_parent[w][0], &cmd, 1) != 1 || cmd == 0) break;
                 if (cmd == 2) {
                     throttle_config rate;
                     if (::read(from_parent[w][0], &rate, sizeof rate) != static_cast<ssize_t>(sizeof rate)) break;
-                    vt.child<1>().set_rate(rate);
+                    vt.child<1>().inner().set_rate(rate);
                     continue;
                 }
                 if (cmd == 3) {
@@ -521,6 +527,7 @@ struct two_process_runner : runner {
                 if (tracing) rec.clear();
                 pipe.update(grads, copy);
                 if (tracing) rec.save(fs::path(trace_dir) / (std::string(node_lock_row) + ".w" + std::to_string(w) + ".json"));
+                log_path_ops(vt, std::string(node_lock_row) + ".w" + std::to_string(w), calls++, t0);
                 const auto& st = pipe.last_stats();
                 sample busy;
                 add_busy(busy, st.children);
