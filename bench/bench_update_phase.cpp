@@ -112,11 +112,14 @@ long env_long(const char* name, long fallback) {
 /// buffers on streaming (read, update, write); smaller subgroups leave more of the budget to
 /// the resident set (29 of 88 subgroups for one process, 2 x 13 for two, against 13 and
 /// 2 x 5 of 44 with 96 MiB), while 48 MiB (three 16 MiB pieces) still keeps a path busy.
-/// SPILLWAY_UPDATE_PHASE_CALLS sets the timed calls per row (default 3).
+/// SPILLWAY_UPDATE_PHASE_CALLS sets the timed calls per row (default 9: in four runs the
+/// first two or three rounds after the rows were built had slow calls (in the two-path rows,
+/// single transfers that stalled for 1-2 s), whichever row they hit; nine rounds keep the
+/// median on the rest).
 shape the_shape() {
     if (bench::smoke()) return {16384, 12, 6, 1};
     const long subgroup = std::max(4096L, env_long("SPILLWAY_UPDATE_PHASE_SUBGROUP", 1L << 22));
-    const int calls = static_cast<int>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_CALLS", 3), 1L, 50L));
+    const int calls = static_cast<int>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_CALLS", 9), 1L, 50L));
     return {static_cast<std::size_t>(subgroup), 88, 32, calls};  // 4.125 GiB of state, 1.5 GiB of buffers
 }
 
