@@ -45,7 +45,8 @@
 //     in order that are neither resident nor prefetched (as begin_prefetch() would: they do
 //     not depend on the gradients, and the paths work while the check runs; a skipped step
 //     keeps them for the next call). Check the gradients (sum of squares of all, polling the
-//     I/O between subgroups; overflow returns here) and compute the clipping coefficient.
+//     I/O between subgroups; overflow returns here), unless hand_over_gradients() did for
+//     this step over the same span and scale, and compute the clipping coefficient.
 //     Make room: if more than R subgroups are resident (only after a failed
 //     call), write out those visited last until the bound holds.
 //  2. Walk the subgroups in this call's order (alternating_order(N, steps(), first) or
