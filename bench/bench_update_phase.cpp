@@ -752,8 +752,10 @@ results& the_results() {
             // copy-on-write with the children, and the first write to a shared huge page (a
             // read from the disk into a buffer) splits it into base pages: the buffers of the
             // rows built before row 5 fell from 3 GiB of huge pages to 80 MiB within a round
-            // (and O_DIRECT from base pages is far slower on this disk, see buffer_pages);
-            // built after it, they stay at 3 GiB.
+            // (and O_DIRECT from base pages is far slower on this disk, see buffer_pages).
+            // aligned_buffer now keeps its large buffers out of fork() children
+            // (MADV_DONTFORK), which fixes that at the source; the order stays so that the
+            // children do not inherit the other rows' tiers and threads either.
             std::vector<std::unique_ptr<runner>> rows(ids.size());
             for (std::size_t pass = 0; pass < 2; ++pass)
                 for (std::size_t i = 0; i < ids.size(); ++i)

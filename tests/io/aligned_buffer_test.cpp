@@ -1,16 +1,22 @@
-// aligned_buffer: alignment, zeroing, padding, moves, bad alignment, and the huge-page advice
-// for large buffers (page_size::automatic) against page_size::base.
+// aligned_buffer: alignment, zeroing, padding, moves, bad alignment, the huge-page advice
+// for large buffers (page_size::automatic) against page_size::base, and large buffers kept
+// out of fork() children.
 #include <doctest/doctest.h>
 
 #include <spillway/io/aligned_buffer.hpp>
 
 #include <algorithm>
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace spillway;
 
@@ -97,4 +103,78 @@ TEST_CASE("aligned_buffer: large buffers get the huge-page advice unless page_si
     CHECK(all_zero(large.padded_bytes()));
     CHECK(large.huge_page_advice() == thp_advisable());
     if (large.huge_page_advice()) CHECK(is_aligned(large.data(), huge_page_bytes));
+}
+
+namespace {
+
+/// True when a mapping of this process covers `p` (from /proc/self/maps).
+bool mapped_here(const void* p) {
+    std::ifstream maps("/proc/self/maps");
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    std::string line;
+    while (std::getline(maps, line)) {
+        std::uintptr_t lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2 && lo <= addr && addr < hi) return true;
+    }
+    return false;
+}
+
+/// The VmFlags of the mapping that covers `p` (from /proc/self/smaps), or "" when none does.
+std::string vm_flags(const void* p) {
+    std::ifstream smaps("/proc/self/smaps");
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    std::string line;
+    bool inside = false;
+    while (std::getline(smaps, line)) {
+        std::uintptr_t lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2)
+            inside = lo <= addr && addr < hi;
+        else if (inside && line.rfind("VmFlags:", 0) == 0)
+            return line;
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("aligned_buffer: large buffers are not inherited over fork(), so the parent keeps its huge pages") {
+    aligned_buffer large(8 * MiB + 5);
+    aligned_buffer small(64 * KiB);
+    aligned_buffer base(8 * MiB, memory_lock::unlocked, default_alignment, buffer_fill::zeroed, page_size::base);
+    CHECK_FALSE(large.fork_inherited());
+    CHECK(small.fork_inherited());
+    CHECK(base.fork_inherited());
+    CHECK(is_aligned(large.data(), huge_page_bytes));
+    CHECK(vm_flags(large.data()).find(" dc") != std::string::npos);  // "do not copy on fork"
+    for (std::size_t i = 0; i < large.size(); i += 4096) large.bytes()[i] = std::byte{7};
+
+    const pid_t pid = ::fork();  // no other thread runs here (ThreadSanitizer needs that)
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int code = 0;
+        if (mapped_here(large.data())) code = 1;       // not inherited
+        if (!mapped_here(small.data())) code = 2;      // ordinary heap memory is
+        if (small.bytes()[0] != std::byte{0}) code = 3;
+        { aligned_buffer gone(std::move(large)); }     // destroying it in the child is harmless
+        ::_exit(code);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    // The parent's buffer is intact and still its own.
+    CHECK(mapped_here(large.data()));
+    CHECK(large.bytes()[4096] == std::byte{7});
+    large.bytes()[8192] = std::byte{9};
+    CHECK(large.bytes()[8192] == std::byte{9});
+}
+
+TEST_CASE("aligned_buffer: a large buffer's memory is returned to the system when it is destroyed") {
+    const void* where = nullptr;
+    {
+        aligned_buffer large(4 * MiB);
+        where = large.data();
+        CHECK(mapped_here(where));
+    }
+    CHECK_FALSE(mapped_here(where));  // its own mapping, unmapped (not kept by the allocator)
 }

@@ -15,11 +15,19 @@
 /// scattered 4 KiB page, which on virtual disks (virtio) moved 1 MiB pieces at queue depth
 /// 32 up to 2.5x faster. The advice is a hint: where THP is off it is ignored, and
 /// huge_page_advice() says whether the kernel accepted it.
+/// Such buffers are mapped on their own (mmap) and madvise(MADV_DONTFORK)d: a child created
+/// with fork() does not inherit them. Otherwise the parent's pages would be shared
+/// copy-on-write with the child, and the parent's next write into them (a read from disk
+/// landing there) would split each huge page into base pages: a forking trainer's I/O
+/// buffers fell from 3 GiB of huge pages to 80 MiB within one update. A forked child must
+/// not touch its parent's large buffers (open(2) warns against O_DIRECT buffers shared over
+/// fork() anyway); destroying them there is harmless. fork_inherited() says which applies.
 #pragma once
 
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -105,17 +113,20 @@ public:
         // Huge pages: allocate whole 2 MiB pages on a 2 MiB boundary (the tail past capacity_
         // is never handed out) and advise before the first touch, so zeroing faults them in.
         const bool huge = pages == page_size::automatic && capacity_ >= huge_page_bytes;
-        const std::size_t block = huge ? std::max(alignment, huge_page_bytes) : alignment;
-        data_ = static_cast<std::byte*>(std::aligned_alloc(block, align_up(capacity_, block)));
-        if (!data_) throw std::bad_alloc();
-        if (huge) huge_advice_ = ::madvise(data_, align_up(capacity_, block), MADV_HUGEPAGE) == 0;
+        if (huge) {
+            const std::size_t block = std::max(alignment, huge_page_bytes);
+            map_huge(align_up(capacity_, block), block);
+            huge_advice_ = ::madvise(data_, mapped_, MADV_HUGEPAGE) == 0;
+        } else {
+            data_ = static_cast<std::byte*>(std::aligned_alloc(alignment, capacity_));
+            if (!data_) throw std::bad_alloc();
+        }
         if (fill == buffer_fill::zeroed) std::memset(data_, 0, capacity_);
         else if (capacity_ > size_) std::memset(data_ + size_, 0, capacity_ - size_);  // the padding stays zero
         if (lock == memory_lock::locked) {
             if (::mlock(data_, capacity_) != 0) {
                 int err = errno;
-                std::free(data_);
-                data_ = nullptr;
+                release();
                 throw_system_error(err, "mlock", "aligned_buffer of " + bytes_str(capacity_) +
                                                      " (raise RLIMIT_MEMLOCK or use memory_lock::unlocked)");
             }
@@ -125,8 +136,8 @@ public:
     /// Takes over `o`'s memory (and its lock); `o` becomes empty.
     aligned_buffer(aligned_buffer&& o) noexcept
         : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
-          capacity_(std::exchange(o.capacity_, 0)), alignment_(o.alignment_), locked_(std::exchange(o.locked_, false)),
-          huge_advice_(std::exchange(o.huge_advice_, false)) {}
+          capacity_(std::exchange(o.capacity_, 0)), alignment_(o.alignment_), mapped_(std::exchange(o.mapped_, 0)),
+          locked_(std::exchange(o.locked_, false)), huge_advice_(std::exchange(o.huge_advice_, false)) {}
     /// Frees this buffer's memory (munlock()ing it first), then takes over `o`'s; `o` becomes
     /// empty.
     aligned_buffer& operator=(aligned_buffer&& o) noexcept {
@@ -136,6 +147,7 @@ public:
             size_ = std::exchange(o.size_, 0);
             capacity_ = std::exchange(o.capacity_, 0);
             alignment_ = o.alignment_;
+            mapped_ = std::exchange(o.mapped_, 0);
             locked_ = std::exchange(o.locked_, false);
             huge_advice_ = std::exchange(o.huge_advice_, false);
         }
@@ -165,6 +177,9 @@ public:
     /// and capacity() >= huge_page_bytes, on a kernel with transparent huge pages enabled);
     /// whether it found huge pages to give is up to it.
     [[nodiscard]] bool huge_page_advice() const noexcept { return huge_advice_; }
+    /// False for the large buffers of page_size::automatic (mapped with MADV_DONTFORK: a
+    /// child created with fork() does not get them, see the file comment), true otherwise.
+    [[nodiscard]] bool fork_inherited() const noexcept { return mapped_ == 0; }
     /// The requested bytes, [data(), data() + size()).
     [[nodiscard]] std::span<std::byte> bytes() noexcept { return {data_, size_}; }
     /// @copydoc bytes()
@@ -179,17 +194,35 @@ public:
     }
 
 private:
+    // Maps `len` bytes (a multiple of `block`) on a `block` boundary, on their own, not
+    // inherited over fork(): over-maps by one block, then unmaps the unaligned ends.
+    void map_huge(std::size_t len, std::size_t block) {
+        void* p = ::mmap(nullptr, len + block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        const auto start = reinterpret_cast<std::uintptr_t>(p);
+        const auto aligned = (start + block - 1) & ~(std::uintptr_t{block} - 1);
+        if (aligned > start) ::munmap(p, aligned - start);
+        if (const auto tail = start + len + block - (aligned + len); tail > 0)
+            ::munmap(reinterpret_cast<void*>(aligned + len), tail);
+        data_ = reinterpret_cast<std::byte*>(aligned);
+        mapped_ = len;
+        (void)::madvise(data_, mapped_, MADV_DONTFORK);  // a hint like the huge-page advice
+    }
     void release() noexcept {
         if (data_) {
             if (locked_) ::munlock(data_, capacity_);
-            std::free(data_);
+            if (mapped_) ::munmap(data_, mapped_);
+            else std::free(data_);
             data_ = nullptr;
+            mapped_ = 0;
+            locked_ = false;
         }
     }
     std::byte* data_ = nullptr;
     std::size_t size_ = 0;
     std::size_t capacity_ = 0;
     std::size_t alignment_ = default_alignment;
+    std::size_t mapped_ = 0;  // bytes mapped by map_huge (0: from aligned_alloc)
     bool locked_ = false;
     bool huge_advice_ = false;
 };
