@@ -49,8 +49,9 @@
 // SPILLWAY_UPDATE_PHASE_PAGES=base gives the pipeline buffers and fio's base pages instead of
 // the library's default huge pages (see buffer_pages); SPILLWAY_UPDATE_PHASE_STREAMING
 // (default 3) the streaming buffers per process (pipeline_config::streaming_buffers).
-// Row 4 logs each path's transfers: a summary line per call (durations, rates, idle gaps),
-// and with SPILLWAY_UPDATE_PHASE_OPLOG=DIR every transfer as CSV (DIR/<row>.call<k>.<path>.csv).
+// Rows 4 and 5 log each path's transfers: a summary line per call (durations, rates, idle
+// gaps), and with SPILLWAY_UPDATE_PHASE_OPLOG=DIR every transfer as CSV
+// (DIR/<row>.call<k>.<path>.csv; row 5 per worker, <row>.w<k>.call<k>.<path>.csv).
 // After the rows, disk_under_adam/threads:{1,2} measures the floor's fio job alone and
 // beside the update's own Adam kernel (see measure_contention): what the disk keeps of its
 // bandwidth while a call computes.
@@ -311,6 +312,12 @@ void log_path_ops(Tier& tier, const std::string& who, int call, clk::time_point 
     one(tier.template child<0>());
     one(tier.template child<1>());
 }
+/// Forgets what a two-path tier's children logged so far.
+template <class Tier>
+void drop_path_ops(Tier& tier) {
+    (void)tier.template child<0>().take_log();
+    (void)tier.template child<1>().take_log();
+}
 
 /// Streaming buffers per process (SPILLWAY_UPDATE_PHASE_STREAMING, default 3, the
 /// pipeline's default); the rest of a process's buffers form its resident set.
@@ -372,15 +379,11 @@ struct pipe_runner : runner {
         pipe = std::make_unique<update_pipeline<Tier, float16>>(*tier, cfg, std::span<const float>(data.init), opt);
         grads = data.grads;
         copy = data.copy;
-        if constexpr (requires { tier->template child<0>().take_log(); }) {  // not the initial writes
-            (void)tier->template child<0>().take_log();
-            (void)tier->template child<1>().take_log();
-        }
+        if constexpr (requires { tier->template child<0>().take_log(); }) drop_path_ops(*tier);  // not the initial writes
     }
     void trace_next_call(const fs::path& file) override { trace_file = file; }
     void set_second_path_rate(const throttle_config& rate) override {
-        if constexpr (requires { tier->template child<1>().set_rate(rate); }) tier->template child<1>().set_rate(rate);
-        else if constexpr (requires { tier->template child<1>().inner().set_rate(rate); })
+        if constexpr (requires { tier->template child<1>().inner().set_rate(rate); })
             tier->template child<1>().inner().set_rate(rate);
     }
     sample call() override {
@@ -440,7 +443,8 @@ constexpr const char* node_lock_row = "+node_lock_2proc";
 ///   2. 1: one update call; the worker answers with that call's stats;
 ///   3. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
 ///   4. 0 (or a closed pipe): the worker exits.
-/// A call is 1 then 2 for both workers, as two data-parallel ranks finish backward, then step.
+/// A call is step 1, then step 2, for both workers: two data-parallel ranks finish backward,
+/// then step.
 struct two_process_runner : runner {
     static constexpr int workers = 2;
     struct msg {
@@ -505,8 +509,7 @@ struct two_process_runner : runner {
                 vt, cfg, std::span<const float>(data.init).subspan(offset, params), opt);
             auto grads = std::span<const float16>(data.grads).subspan(offset, params);
             auto copy = std::span<float16>(data.copy).subspan(offset, params);
-            (void)vt.child<0>().take_log();  // not the initial writes
-            (void)vt.child<1>().take_log();
+            drop_path_ops(vt);  // not the initial writes
             int calls = 0;
             for (;;) {
                 char cmd = 0;

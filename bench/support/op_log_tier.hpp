@@ -8,8 +8,8 @@
 //   with a child's completion anyway, so as a child of a virtual tier the decorator changes
 //   no timing; anywhere else it makes the tier synchronous.
 // - take_log() hands over the operations finished since the last take (thread-safe).
-// - summary() condenses a log: per direction the count, the duration percentiles, the rate
-//   of the median operation, and the idle gaps between one operation's end and the next
+// - summarize_ops() condenses a log: per direction the count, the duration percentiles, the
+//   median of the operations' rates, and the idle gaps between one operation's end and the next
 //   one's start.
 #pragma once
 
@@ -108,7 +108,7 @@ private:
     std::vector<logged_op> log_;
 };
 
-/// One line per direction: count, duration percentiles, rate of the median operation, and
+/// One line per direction: count, duration percentiles, the median operation rate, and
 /// the idle gaps between consecutive operations of that direction.
 inline std::string summarize_ops(const std::vector<logged_op>& ops) {
     using secs = std::chrono::duration<double>;
@@ -119,10 +119,11 @@ inline std::string summarize_ops(const std::vector<logged_op>& ops) {
             if (op.write == write) v.push_back(&op);
         if (v.empty()) continue;
         std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->start < b->start; });
-        std::vector<double> dur, gap;
+        std::vector<double> dur, rate, gap;
         std::size_t bytes = 0;
         for (std::size_t i = 0; i < v.size(); ++i) {
             dur.push_back(secs(v[i]->end - v[i]->start).count());
+            if (dur.back() > 0) rate.push_back(static_cast<double>(v[i]->bytes) / dur.back());
             bytes += v[i]->bytes;
             if (i > 0) gap.push_back(std::max(0.0, secs(v[i]->start - v[i - 1]->end).count()));
         }
@@ -134,13 +135,12 @@ inline std::string summarize_ops(const std::vector<logged_op>& ops) {
         double busy = 0, idle = 0;
         for (double d : dur) busy += d;
         for (double g : gap) idle += g;
-        const double med = pct(dur, 0.5);
         char line[320];
         std::snprintf(line, sizeof line,
                       "%s %zu ops, ms p10 %.1f p50 %.1f p90 %.1f max %.1f (median op %.0f MB/s, all %.0f MB/s busy), "
                       "gaps ms p50 %.1f p90 %.1f sum %.0f; ",
-                      write ? "write" : "read", v.size(), 1e3 * pct(dur, 0.1), 1e3 * med, 1e3 * pct(dur, 0.9),
-                      1e3 * pct(dur, 1.0), med > 0 ? static_cast<double>(v[v.size() / 2]->bytes) / med / 1e6 : 0.0,
+                      write ? "write" : "read", v.size(), 1e3 * pct(dur, 0.1), 1e3 * pct(dur, 0.5), 1e3 * pct(dur, 0.9),
+                      1e3 * pct(dur, 1.0), pct(rate, 0.5) / 1e6,
                       busy > 0 ? static_cast<double>(bytes) / busy / 1e6 : 0.0, 1e3 * pct(gap, 0.5), 1e3 * pct(gap, 0.9),
                       1e3 * idle);
         out += line;
