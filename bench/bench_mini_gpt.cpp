@@ -65,6 +65,7 @@
 #if __has_include("trainer.hpp")
 #include <cblas.h>
 
+#include "blas_kernels.hpp"
 #include "gpt2.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/tier/file_tier.hpp"
@@ -414,6 +415,8 @@ void write_series(const std::filesystem::path& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // The trainer's runs inherit the environment, so they use these kernels too.
+    benchmark::AddCustomContext("matmul_kernels", mini_gpt::blas::describe());
     const auto side_file = spillway::bench::side_file(argc, argv, "mini_gpt_series.json");
     register_all();
     benchmark::Initialize(&argc, argv);

@@ -1015,8 +1015,10 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
     rows = [(m.group(1), m.group(2), int(m.group(3) or 1), r) for m, r in matched]
     out, heads = [], []
     if sgemm is not None and sgemm.get("flops_per_s"):
+        kernels = rep.context.get("matmul_kernels")
         out.append(f"The matmul limit (M=N=K fp32 product through the trainer's matmul path): "
-                   f"{fmt(sgemm.get('flops_per_s') / 1e9, 1)} GFLOP/s.\n")
+                   f"{fmt(sgemm.get('flops_per_s') / 1e9, 1)} GFLOP/s"
+                   + (f" ({kernels})" if kernels else "") + ".\n")
     for _, r in paths:
         where = ("/dev/shm, the `_shm` rows' path" if r.name.startswith("path_bandwidth/shm")
                  else "the scratch directory")

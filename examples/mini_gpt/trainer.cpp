@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blas_kernels.hpp"
 #include "corpus.hpp"
 #include "dist.hpp"
 #include "gpt2.hpp"
@@ -655,6 +656,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         std::snprintf(buf, sizeof buf, "  throughput      %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n", tok_s,
                       tok_s * flops_tok / 1e9);
         out << buf;
+        out << "  matmul          " << blas::describe() << "\n";
         std::snprintf(buf, sizeof buf,
                       "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
                       totals.total / n, totals.fwd / n, totals.bwd / n, totals.upd / n, totals.io / n);

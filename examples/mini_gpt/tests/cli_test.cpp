@@ -1,6 +1,7 @@
 // The mini_gpt command line as a user runs it: bad input exits with 2 and one line naming
 // the file and the problem; a run killed with SIGKILL and resumed gives the uninterrupted
 // losses; --json and --trace write what they promise.
+#include <cblas.h>
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -270,6 +271,10 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     for (const char* s : {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
                           "activations", "stash", "optimizer", "resident set"})
         CHECK(table.out.find(s) != std::string::npos);
+    // The matmul line names the kernels OpenBLAS runs: the child inherits this process's
+    // environment, so its OpenBLAS picks what this one picked.
+    CHECK(table.out.find("matmul          OpenBLAS ") != std::string::npos);
+    CHECK(table.out.find(std::string(openblas_get_corename()) + " kernels (") != std::string::npos);
     auto help = run(d, {"--help"});
     CHECK(help.status == 0);
     CHECK(help.out.find("--offload") != std::string::npos);

@@ -1,0 +1,20 @@
+// examples/mini_gpt/blas_kernels.hpp: which matrix kernels OpenBLAS runs, in one line.
+//
+// OpenBLAS (built with DYNAMIC_ARCH, as Debian ships it) picks its kernels once, when the
+// library loads: from the environment variable OPENBLAS_CORETYPE when it is set, else from
+// the CPU. The choice can halve the throughput of every matrix product (on an AMD EPYC with
+// AVX-512, Haswell's AVX2 kernels ran a 2048^3 product at 95 GFLOP/s per core, SkylakeX's
+// at 165), so the trainer's summary and the benchmark's context say which kernels ran and
+// why; mini_gpt never overrides the choice.
+#pragma once
+
+#include <string>
+
+namespace mini_gpt::blas {
+
+/// The OpenBLAS release, the kernels in use and who chose them, e.g. "OpenBLAS 0.3.21,
+/// Haswell kernels (OPENBLAS_CORETYPE=Haswell)" or "OpenBLAS 0.3.21, Cooperlake kernels
+/// (detected; the CPU has AVX-512)".
+std::string describe();
+
+}  // namespace mini_gpt::blas
