@@ -50,6 +50,18 @@ std::vector<double> losses(const std::string& out) {
     return v;
 }
 
+/// The mpirun command line that runs `command` as `ranks` ranks on this machine.
+std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& command) {
+    std::vector<std::string> args = {MINI_GPT_MPIEXEC, "-np", std::to_string(ranks), "--oversubscribe"};
+    if (::geteuid() == 0) args.push_back("--allow-run-as-root");
+    if (const char* o = std::getenv("MINI_GPT_RANK_ASAN_OPTIONS")) {
+        args.push_back("-x");
+        args.push_back(std::string("ASAN_OPTIONS=") + o);
+    }
+    args.insert(args.end(), command.begin(), command.end());
+    return args;
+}
+
 }  // namespace
 
 TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per step") {
@@ -75,13 +87,7 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
 
     for (const char* mode : {"none", "all"}) {
         INFO("--offload " << mode);
-        std::vector<std::string> args = {MINI_GPT_MPIEXEC, "-np", "2", "--oversubscribe"};
-        if (::geteuid() == 0) args.push_back("--allow-run-as-root");
-        if (const char* o = std::getenv("MINI_GPT_RANK_ASAN_OPTIONS")) {
-            args.push_back("-x");
-            args.push_back(std::string("ASAN_OPTIONS=") + o);
-        }
-        args.insert(args.end(), common.begin(), common.end());
+        std::vector<std::string> args = mpirun(2, common);
         for (std::string a : std::vector<std::string>{"--offload", mode, "--path", (d / "shared1").string(), "--path", (d / "shared2").string(),
                               "--lock-dir", (d / "locks").string(),
                               "--save-model", (d / (std::string(mode) + ".bin")).string()})
@@ -100,14 +106,7 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
 
     // Three ranks: the gradients' ring exchange (dist.cpp) with more than one step and
     // chunks of unequal size; rows 4 / 3 do not divide either.
-    std::vector<std::string> args = {MINI_GPT_MPIEXEC, "-np", "3", "--oversubscribe"};
-    if (::geteuid() == 0) args.push_back("--allow-run-as-root");
-    if (const char* o = std::getenv("MINI_GPT_RANK_ASAN_OPTIONS")) {
-        args.push_back("-x");
-        args.push_back(std::string("ASAN_OPTIONS=") + o);
-    }
-    args.insert(args.end(), common.begin(), common.end());
-    int rc = run(args, d / "three.txt");
+    int rc = run(mpirun(3, common), d / "three.txt");
     INFO("mpirun stderr: " << slurp(d / "three.txt.err"));
     REQUIRE(rc == 0);
     auto got = losses(slurp(d / "three.txt"));
