@@ -32,7 +32,7 @@ using spillway::bfloat16;
 using spillway::float16;
 using spillway::detail::no_copy;
 using spillway::detail::simd_level;
-using spillway::detail::thread_pool;
+using spillway::thread_pool;
 using clock_type = std::chrono::steady_clock;
 
 std::size_t param_count() { return spillway::bench::smoke() ? (std::size_t{1} << 16) : (std::size_t{1} << 26); }

@@ -93,7 +93,7 @@ std::vector<double> after_first(const std::vector<T>& v) {
 /// Seconds of `reps` M=N=K=n products through the trainer's matmul path (median).
 double time_sgemm(int n, int reps) {
     openblas_set_num_threads(1);
-    spillway::detail::thread_pool pool(static_cast<std::size_t>(bench_threads() - 1));
+    spillway::thread_pool pool(static_cast<std::size_t>(bench_threads() - 1));
     std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
     std::vector<double> secs;
     for (int r = 0; r < reps; ++r) {

@@ -491,7 +491,7 @@ struct two_process_runner : runner {
             two_path_tier_node vt(o, child_args(std::in_place, disk, disk_options("disk")),
                                   child_args(std::in_place, half_of(bw), std::in_place, shm, disk_options("shm")));
             // The parent's shared thread pool has no threads in this forked child: own one.
-            detail::thread_pool pool(compute_threads() - 1);
+            thread_pool pool(compute_threads() - 1);
             // SPILLWAY_UPDATE_PHASE_TRACE=DIR: each worker records every call and keeps the
             // latest in DIR/<row>.w<k>.json (the parent cannot see a worker's calls).
             const char* trace_dir = std::getenv("SPILLWAY_UPDATE_PHASE_TRACE");
@@ -657,7 +657,7 @@ results& the_results() {
             const double resident = static_cast<double>(std::min(sh.budget_buffers - std::min(sh.budget_buffers, streaming), sh.subgroups));
             const double worker_resident = static_cast<double>(
                 std::min(sh.budget_buffers / 2 - std::min(sh.budget_buffers / 2, streaming), sh.subgroups / 2));
-            detail::thread_pool pool(compute_threads() - 1);
+            thread_pool pool(compute_threads() - 1);
 
             // SPILLWAY_UPDATE_PHASE_ROWS (e.g. "1,5") picks rows (1-based) for debugging.
             const char* pick = std::getenv("SPILLWAY_UPDATE_PHASE_ROWS");
@@ -918,7 +918,7 @@ contention measure_contention(std::size_t threads, int rounds = 3) {
         const std::size_t n = bench::smoke() ? std::size_t{1} << 20 : std::size_t{64} << 20;
         std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
         std::vector<float16> g(n, from_float<float16>(1e-3f));
-        detail::thread_pool pool(threads - 1);
+        thread_pool pool(threads - 1);
         std::vector<double> idle, loaded, ratio, adam;
         for (int round = 0; round < rounds; ++round) {
             const bandwidths before = measure_disk(dir, sh, 3);

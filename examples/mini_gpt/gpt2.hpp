@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "spillway/detail/thread_pool.hpp"
+#include "spillway/thread_pool.hpp"
 
 namespace mini_gpt {
 
@@ -161,7 +161,7 @@ struct pass_times {
 class gpt2 {
 public:
     /// A model of `config` whose parameters are zero; call init_gpt2() or load them.
-    gpt2(const gpt2_config& config, spillway::detail::thread_pool& pool);
+    gpt2(const gpt2_config& config, spillway::thread_pool& pool);
 
     /// GPT-2 initialisation from `seed`: weights N(0, 0.02), residual projections
     /// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1; padded rows of wte are 0.
@@ -192,7 +192,7 @@ public:
 
 private:
     gpt2_config config_;
-    spillway::detail::thread_pool& pool_;
+    spillway::thread_pool& pool_;
     param_layout layout_;
     std::vector<float> params_, grads_;
     int B_ = 0, T_ = 0;
@@ -209,7 +209,7 @@ private:
 
 // ---- The kernels, exposed for the gradient tests -----------------------------------------
 // All take the pool that parallelises them. `+=` in a comment means the kernel accumulates.
-using spillway::detail::thread_pool;
+using spillway::thread_pool;
 
 // out (B,T,C) = wte[inp] + wpe[t]
 void encoder_forward(thread_pool& pool, float* out, const int* inp, const float* wte, const float* wpe, int B,

@@ -22,7 +22,7 @@ constexpr std::uint64_t moments_magic = 0x4d475054'4d4f4d31ull;  // "MGPTMOM1"
 
 }  // namespace
 
-bool all_finite(const grad_span& grads, spillway::detail::thread_pool& pool) {
+bool all_finite(const grad_span& grads, spillway::thread_pool& pool) {
     return std::visit(
         [&](auto span) {
             std::atomic<bool> ok{true};

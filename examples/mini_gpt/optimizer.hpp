@@ -29,7 +29,7 @@ using grad_span = std::variant<std::span<const float>, std::span<const spillway:
 
 /// True when no gradient is inf or NaN (the fp16 overflow check, done over all subgroups
 /// before any of them is updated, so a skipped step changes nothing).
-bool all_finite(const grad_span& grads, spillway::detail::thread_pool& pool);
+bool all_finite(const grad_span& grads, spillway::thread_pool& pool);
 
 struct adam_hparams {
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
@@ -42,7 +42,7 @@ struct optimizer_settings {
     std::vector<std::filesystem::path> paths;     // storage paths (offloaded back end)
     std::filesystem::path lock_directory;         // node_lock files; empty: the library's default (/dev/shm)
     grad_dtype grads = grad_dtype::fp32;
-    spillway::detail::thread_pool* pool = nullptr;  // the Adam step's threads
+    spillway::thread_pool* pool = nullptr;  // the Adam step's threads
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     std::string key_prefix = "optim";             // distinct per process on shared paths
 };

@@ -336,7 +336,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     int threads = opt.threads > 0 ? opt.threads
                                   : std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) /
                                                     dist::local_size());
-    spillway::detail::thread_pool pool(static_cast<std::size_t>(threads - 1));
+    spillway::thread_pool pool(static_cast<std::size_t>(threads - 1));
 
     // 2. The model.
     gpt2_config config;

@@ -23,6 +23,7 @@
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/split_rule.hpp"
 #include "spillway/stash/tensor_desc.hpp"
+#include "spillway/thread_pool.hpp"
 #include "spillway/tier/bandwidth_split.hpp"
 #include "spillway/tier/faulty_tier.hpp"
 #include "spillway/tier/file_tier.hpp"

@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <spillway/detail/thread_name.hpp>
-#include <spillway/detail/thread_pool.hpp>
+#include <spillway/thread_pool.hpp>
 #include <spillway/lock/lock_policy.hpp>
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
@@ -49,9 +49,9 @@ TEST_CASE("name_this_thread names the calling thread and cuts long names to 15 c
 TEST_CASE("the library's threads carry their component's name") {
     const auto before = thread_names();
     SUBCASE("thread pool") {
-        detail::thread_pool pool(2, "spw-test-pool");
+        thread_pool pool(2, "spw-test-pool");
         CHECK(thread_names().count("spw-test-pool") == 2);
-        detail::thread_pool plain(1);
+        thread_pool plain(1);
         CHECK(thread_names().count("spw-pool") == before.count("spw-pool") + 1);
     }
     SUBCASE("file tier engine") {

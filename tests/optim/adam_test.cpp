@@ -161,7 +161,7 @@ void all_lengths(std::mt19937_64& rng, bool with_large) {
 template <class Grad, class Copy>
 std::tuple<state, std::vector<Copy>> run_level(simd_level level, const state& s0, const std::vector<Grad>& g,
                                                const spillway::adamw_coefficients& c,
-                                               spillway::detail::thread_pool& pool) {
+                                               spillway::thread_pool& pool) {
     state s = s0;
     std::vector<Copy> copy(std::is_same_v<Copy, no_copy> ? 0 : s.p.size());
     auto res = spillway::detail::adamw_step_at(level, c, spillway::grad_check::scan, s.p.data(), s.m.data(),
@@ -172,7 +172,7 @@ std::tuple<state, std::vector<Copy>> run_level(simd_level level, const state& s0
 
 template <class Grad, class Copy>
 void levels_case(std::mt19937_64& rng) {
-    spillway::detail::thread_pool pool(2);
+    spillway::thread_pool pool(2);
     const adamw_config cfg{.lr = 3e-3f, .weight_decay = 0.01f};
     std::vector<std::size_t> lengths;
     for (std::size_t n = 0; n <= 70; ++n) lengths.push_back(n);
@@ -240,14 +240,14 @@ TEST_CASE("one call over N equals calls over arbitrary sub-spans and any pool si
     state s0 = random_state(n, rng);
     auto g = random_grads<float16>(n, 128.0f, rng);
     const adamw_step_args args{.step = 4, .grad_scale = 128.0f, .clip_coef = 0.8f};
-    spillway::detail::thread_pool pool3(3);
+    spillway::thread_pool pool3(3);
     state whole = s0;
     std::vector<bfloat16> whole_copy(n);
     REQUIRE(spillway::adamw_step<float16, bfloat16>(cfg, args, whole.p, whole.m, whole.v, std::span<const float16>(g),
                                                     whole_copy, &pool3) == step_result::applied);
     for (std::size_t workers : {0, 1, 3}) {
         CAPTURE(workers);
-        spillway::detail::thread_pool pool(workers);
+        spillway::thread_pool pool(workers);
         for (int trial = 0; trial < 3; ++trial) {
             state parts = s0;
             std::vector<bfloat16> parts_copy(n);
@@ -285,7 +285,7 @@ void overflow_case(Grad bad, const char* what) {
         const state before = s;
         for (simd_level level : all_levels) {
             if (!spillway::detail::supported(level)) continue;
-            spillway::detail::thread_pool pool(2);
+            spillway::thread_pool pool(2);
             auto c = make_adamw_coefficients(cfg, adamw_step_args{});
             REQUIRE(spillway::detail::adamw_step_at(level, c, spillway::grad_check::scan, s.p.data(), s.m.data(),
                                                     s.v.data(), g.data(), copy.data(), n,
@@ -375,7 +375,7 @@ void sum_squares_case(std::mt19937_64& rng) {
         CHECK(std::fabs(got - ref) <= 1e-12 * ref);
         // Deterministic: the same bits for every pool size and SIMD level.
         for (std::size_t workers : {0, 1, 3}) {
-            spillway::detail::thread_pool pool(workers);
+            spillway::thread_pool pool(workers);
             for (simd_level level : all_levels) {
                 if (!spillway::detail::supported(level)) continue;
                 double again = spillway::detail::grad_sum_squares_at(level, g.data(), n, 8.0f, pool);

@@ -106,7 +106,7 @@ gpt2_config tiny_config() {
 }  // namespace
 
 TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
-    spillway::detail::thread_pool pool(1);  // two threads: the kernels' splits are exercised
+    spillway::thread_pool pool(1);  // two threads: the kernels' splits are exercised
     gpt2_config c = tiny_config();
     gpt2 model(c, pool);
     const int B = 2, T = 7;
@@ -174,7 +174,7 @@ TEST_CASE("forward and backward give the same bits run to run, and the same as o
         tg[static_cast<std::size_t>(i)] = (i * 13 + 5) % c.vocab_size;
     }
     auto run = [&](std::size_t workers) {
-        spillway::detail::thread_pool pool(workers);
+        spillway::thread_pool pool(workers);
         gpt2 model(c, pool);
         model.init_gpt2(7);
         in_memory_store store(c, B, T);
@@ -190,7 +190,7 @@ TEST_CASE("forward and backward give the same bits run to run, and the same as o
 }
 
 TEST_CASE("step-0 loss of a GPT-2-initialised model is near ln(V)") {
-    spillway::detail::thread_pool pool(1);
+    spillway::thread_pool pool(1);
     gpt2_config c;  // the default config: V = 256
     c.num_layers = 2;
     gpt2 model(c, pool);

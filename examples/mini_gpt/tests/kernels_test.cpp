@@ -57,7 +57,7 @@ TEST_CASE("exp_approx is within 4e-7 relative of exp, clamps instead of overflow
 }
 
 TEST_CASE("GELU forward and backward match float64") {
-    spillway::detail::thread_pool pool(1);
+    spillway::thread_pool pool(1);
     const std::size_t n = 10007;
     auto x = random_floats(n, 3.0f, 2), dout = random_floats(n, 1.0f, 3);
     std::vector<float> out(n), dinp(n);
@@ -76,7 +76,7 @@ TEST_CASE("GELU forward and backward match float64") {
 }
 
 TEST_CASE("causal attention forward and backward match float64") {
-    spillway::detail::thread_pool pool(1);
+    spillway::thread_pool pool(1);
     const int B = 2, T = 13, C = 12, NH = 3, hs = C / NH;
     const std::size_t C3 = 3 * C, BT = static_cast<std::size_t>(B) * T;
     auto qkv = random_floats(BT * C3, 1.0f, 4), dout = random_floats(BT * C, 1.0f, 5);
@@ -129,7 +129,7 @@ TEST_CASE("causal attention forward and backward match float64") {
 }
 
 TEST_CASE("softmax cross-entropy over a padded vocabulary matches float64") {
-    spillway::detail::thread_pool pool(1);
+    spillway::thread_pool pool(1);
     const int N = 5, V = 50257, Vp = 50304;
     auto logits = random_floats(static_cast<std::size_t>(N) * Vp, 4.0f, 6);
     const std::vector<int> targets = {0, 17, 50256, 1234, 40000};
@@ -155,7 +155,7 @@ TEST_CASE("softmax cross-entropy over a padded vocabulary matches float64") {
 }
 
 TEST_CASE("LayerNorm forward and backward match float64") {
-    spillway::detail::thread_pool pool(1);
+    spillway::thread_pool pool(1);
     const int N = 9, C = 77;
     auto x = random_floats(static_cast<std::size_t>(N) * C, 2.0f, 7), w = random_floats(C, 1.0f, 8),
          bias = random_floats(C, 1.0f, 9), dout = random_floats(x.size(), 1.0f, 10);

@@ -35,10 +35,10 @@
 ///   chunk itself; the pool's threads always have it.
 #pragma once
 
-#include "spillway/detail/thread_pool.hpp"
 #include "spillway/optim/adam_formula.hpp"
 #include "spillway/optim/detail/adam_kernels.hpp"
 #include "spillway/optim/half.hpp"
+#include "spillway/thread_pool.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -203,7 +203,7 @@ step_result adamw_step_at(simd_level level, const adamw_coefficients& c, grad_ch
 template <class Grad, class ParamCopy = float16>
 step_result adamw_step(const adamw_config& config, const adamw_step_args& args, std::span<float> params,
                        std::span<float> m, std::span<float> v, std::span<const Grad> grads,
-                       std::span<ParamCopy> copy_out = {}, detail::thread_pool* pool = nullptr) {
+                       std::span<ParamCopy> copy_out = {}, thread_pool* pool = nullptr) {
     static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "adamw_step: Grad must be float, float16 or bfloat16");
     static_assert(is_half_v<ParamCopy>, "adamw_step: ParamCopy must be float16 or bfloat16");
     validate(config);
@@ -234,7 +234,7 @@ step_result adamw_step(const adamw_config& config, const adamw_step_args& args, 
                                  spans[j].data, spans[j].nbytes))
                 throw std::invalid_argument(std::string("spillway::adamw_step: spans ") + spans[i].name + " and " +
                                             spans[j].name + " overlap");
-    detail::thread_pool& tp = pool ? *pool : detail::thread_pool::shared_pool();
+    thread_pool& tp = pool ? *pool : thread_pool::shared_pool();
     const adamw_coefficients c = make_adamw_coefficients(config, args);
     const detail::simd_level level = detail::best_simd_level();
     if (copy_out.empty())
@@ -270,11 +270,11 @@ double grad_sum_squares_at(simd_level level, const Grad* g, std::size_t n, float
 /// @return the sum (0 for an empty span); +inf or NaN when a gradient is non-finite
 /// @throws std::invalid_argument naming grad_scale and its value unless it is finite and > 0
 template <class Grad>
-double grad_sum_squares(std::span<const Grad> grads, float grad_scale = 1.0f, detail::thread_pool* pool = nullptr) {
+double grad_sum_squares(std::span<const Grad> grads, float grad_scale = 1.0f, thread_pool* pool = nullptr) {
     static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "grad_sum_squares: Grad must be float, float16 or bfloat16");
     if (!(std::isfinite(grad_scale) && grad_scale > 0))
         detail::bad_value("grad_sum_squares", "grad_scale", grad_scale, "must be finite and > 0");
-    detail::thread_pool& tp = pool ? *pool : detail::thread_pool::shared_pool();
+    thread_pool& tp = pool ? *pool : thread_pool::shared_pool();
     return detail::grad_sum_squares_at(detail::best_simd_level(), grads.data(), grads.size(), grad_scale, tp);
 }
 

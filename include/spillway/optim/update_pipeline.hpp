@@ -117,7 +117,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "spillway/detail/thread_pool.hpp"
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/io/completion.hpp"
@@ -126,6 +125,7 @@
 #include "spillway/optim/detail/pipeline_io.hpp"
 #include "spillway/optim/half.hpp"
 #include "spillway/schedule/alternating_order.hpp"
+#include "spillway/thread_pool.hpp"
 #include "spillway/tier/storage_tier.hpp"
 #include "spillway/tier/tier_stats.hpp"
 #include "spillway/trace/recorder.hpp"
@@ -189,7 +189,7 @@ struct pipeline_options {
     /// How gradients reach the Adam step (see gradient_path).
     gradient_path gradients = gradient_path::lazy_widening;
     std::string key_prefix = "optim";        ///< tier keys are "<prefix>-<i>" (and "<prefix>-<i>.grad")
-    detail::thread_pool* pool = nullptr;     ///< Adam's threads; nullptr: the shared pool
+    thread_pool* pool = nullptr;     ///< Adam's threads; nullptr: the shared pool
     trace::recorder* recorder = nullptr;     ///< timeline (tracks "reads", "compute", "writes")
 };
 

@@ -99,11 +99,11 @@
 #include <utility>
 #include <vector>
 
-#include "spillway/detail/thread_pool.hpp"
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/stash/split_rule.hpp"
 #include "spillway/stash/tensor_desc.hpp"
+#include "spillway/thread_pool.hpp"
 #include "spillway/tier/storage_tier.hpp"
 
 namespace spillway {
@@ -1411,8 +1411,8 @@ private:
     std::size_t first_kept_ = std::numeric_limits<std::size_t>::max();
 
     // Last: destroyed (drained and joined) first, while everything above is alive.
-    std::optional<detail::thread_pool> writer_;
-    std::optional<detail::thread_pool> reader_;
+    std::optional<thread_pool> writer_;
+    std::optional<thread_pool> reader_;
 };
 
 }  // namespace spillway

@@ -1,4 +1,4 @@
-// spillway/detail/thread_pool.hpp: a small fixed-size thread pool.
+// spillway/thread_pool.hpp: a small fixed-size thread pool.
 //
 // Guarantees:
 // - submit(fn) runs fn on one worker, FIFO; the destructor finishes every queued task, then
@@ -25,14 +25,16 @@
 
 #include "spillway/detail/thread_name.hpp"
 
-namespace spillway::detail {
+namespace spillway {
 
+/// A fixed-size pool of named worker threads with a deterministic parallel_for (see the
+/// guarantees above). Not copyable; destroy it only after every task it ran has returned.
 class thread_pool {
 public:
     /// Starts `threads` workers (0: none; the caller does all the work), each named `name`.
     explicit thread_pool(std::size_t threads, std::string_view name = "spw-pool") {
         workers_.reserve(threads);
-        for (std::size_t i = 0; i < threads; ++i) name_thread(workers_.emplace_back([this] { run(); }), name);
+        for (std::size_t i = 0; i < threads; ++i) detail::name_thread(workers_.emplace_back([this] { run(); }), name);
     }
     thread_pool(const thread_pool&) = delete;
     thread_pool& operator=(const thread_pool&) = delete;
@@ -45,8 +47,10 @@ public:
         for (auto& w : workers_) w.join();
     }
 
+    /// Worker threads (the caller of parallel_for() works too, so size() + 1 chunks run at once).
     [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
 
+    /// Queues `task` for one worker (FIFO); with no workers it runs on the caller, now.
     void submit(std::function<void()> task) {
         if (workers_.empty()) {
             task();
@@ -131,4 +135,4 @@ private:
     std::vector<std::thread> workers_;
 };
 
-}  // namespace spillway::detail
+}  // namespace spillway
