@@ -33,7 +33,7 @@ public:
     /// Ranks of this world on this node (for a default thread count).
     [[nodiscard]] static int local_size() noexcept;
 
-    /// In place: every rank gets the element-wise sum.
+    /// In place: every rank gets the element-wise sum, with the same bits on every rank.
     static void allreduce_sum(std::span<float> data);
     static double allreduce_sum(double value);
     /// True on every rank when `value` is true on any rank.

@@ -62,6 +62,18 @@ std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& comma
     return args;
 }
 
+/// Runs the mpirun command line `args` (stdout to `out`) and checks that it succeeds and that
+/// rank 0 printed `want`'s losses, each within 1e-5 relative.
+void check_losses(const std::vector<std::string>& args, const std::filesystem::path& out,
+                  const std::vector<double>& want) {
+    int rc = run(args, out);
+    INFO("mpirun stderr: " << slurp(out.string() + ".err"));
+    REQUIRE(rc == 0);
+    auto got = losses(slurp(out));
+    REQUIRE(got.size() == want.size());  // only rank 0 prints
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]));
+}
+
 }  // namespace
 
 TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per step") {
@@ -92,12 +104,7 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
                               "--lock-dir", (d / "locks").string(),
                               "--save-model", (d / (std::string(mode) + ".bin")).string()})
             args.push_back(a);
-        int rc = run(args, d / "two.txt");
-        INFO("mpirun stderr: " << slurp(d / "two.txt.err"));
-        REQUIRE(rc == 0);
-        auto got = losses(slurp(d / "two.txt"));
-        REQUIRE(got.size() == want.size());  // only rank 0 prints
-        for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]));
+        check_losses(args, d / "two.txt", want);
     }
     // Both two-rank runs (in memory and offloaded) end with the same parameters: the sharded
     // update pipeline gives the same bits as the sharded in-memory step.
@@ -106,10 +113,5 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
 
     // Three ranks: the gradients' ring exchange (dist.cpp) with more than one step and
     // chunks of unequal size; rows 4 / 3 do not divide either.
-    int rc = run(mpirun(3, common), d / "three.txt");
-    INFO("mpirun stderr: " << slurp(d / "three.txt.err"));
-    REQUIRE(rc == 0);
-    auto got = losses(slurp(d / "three.txt"));
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]));
+    check_losses(mpirun(3, common), d / "three.txt", want);
 }
