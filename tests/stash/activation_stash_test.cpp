@@ -718,7 +718,9 @@ TEST_CASE("adaptive split follows a tier that slows down") {
     };
     step(0);
     auto fast = stash.plan();
-    CHECK(fast.tier_bandwidth > 50e6);
+    // Twice what hiding a layer needs: the measurement includes the stash's own overheads,
+    // which a sanitizer on a busy machine inflates (49 MB/s once against a 1 GB/s throttle).
+    CHECK(fast.tier_bandwidth > 18e6);
     CHECK(fast.first_kept_layer == std::numeric_limits<std::size_t>::max());
     tier.set_rate(bandwidth_limit{.bytes_per_second = 4e6, .burst_bytes = 4096});  // 65 ms per tensor
     step(1);
