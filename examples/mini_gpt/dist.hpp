@@ -10,6 +10,8 @@
 //     shard (ZeRO stage 1/2 style: each rank stores 1/P of the optimizer state);
 //  4. allgather_params gives every rank the updated parameters of every shard.
 // Without MPI (or without mpirun) the world has one rank and every collective is a no-op.
+// Every collective except allreduce_sum(double) first waits for all ranks asleep (dist.cpp,
+// arrive_quietly), so a rank that arrives early leaves its core to the others.
 #pragma once
 
 #include <cstddef>

@@ -112,6 +112,13 @@ public:
             throw input_error(saved.string() + ": " + e.what());
         }
     }
+    double check(float grad_scale, const grad_span& grads) override {
+        // The pipeline's own gradient check: the update() that follows with the same span and
+        // scale uses its result instead of reading the gradients again.
+        spillway::update_args args;
+        args.grad_scale = grad_scale;
+        return pipe_->hand_over_gradients(std::get<std::span<const Grad>>(grads), args);
+    }
     void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
         if (pipe_->steps() + 1 != t)
             throw std::logic_error("offloaded optimizer: step " + std::to_string(t) + " but the pipeline is at step " +

@@ -2,7 +2,6 @@
 #include "optimizer.hpp"
 
 #include <cmath>
-#include <atomic>
 #include <cstring>
 
 #include "llmc_format.hpp"
@@ -12,29 +11,9 @@ namespace mini_gpt {
 
 namespace {
 
-template <class G>
-float widen_one(G g) {
-    if constexpr (std::is_same_v<G, float>) return g;
-    else return spillway::to_float(g);
-}
-
 constexpr std::uint64_t moments_magic = 0x4d475054'4d4f4d31ull;  // "MGPTMOM1"
 
 }  // namespace
-
-bool all_finite(const grad_span& grads, spillway::thread_pool& pool) {
-    return std::visit(
-        [&](auto span) {
-            std::atomic<bool> ok{true};
-            pool.parallel_for(span.size(), [&](std::size_t i0, std::size_t i1) {
-                bool local = true;
-                for (std::size_t i = i0; i < i1; ++i) local &= std::isfinite(widen_one(span[i]));
-                if (!local) ok.store(false, std::memory_order_relaxed);
-            }, 1 << 14);
-            return ok.load();
-        },
-        grads);
-}
 
 void write_moments(const std::filesystem::path& path, std::span<const float> m, std::span<const float> v) {
     std::uint64_t head[2] = {moments_magic, m.size()};
@@ -76,12 +55,15 @@ public:
                               ": missing (this save was made with --offload optimizer|all; resume with the same mode)");
         read_moments(file, m_, v_);
     }
+    double check(float grad_scale, const grad_span& grads) override {
+        return std::visit([&](auto g) { return spillway::grad_sum_squares(g, grad_scale, s_.pool); }, grads);
+    }
     void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
         spillway::adamw_config cfg{s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps, s_.adam.weight_decay};
         spillway::adamw_step_args args;
         args.step = t;
         args.grad_scale = grad_scale;
-        // The trainer checked every gradient for inf/NaN before the step (all_finite).
+        // The trainer checked these gradients for inf/NaN before the step (check()).
         args.check = spillway::grad_check::caller_verified;
         std::visit(
             [&](auto g) {

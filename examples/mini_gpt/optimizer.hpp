@@ -27,10 +27,6 @@ enum class grad_dtype { fp32, bf16, fp16 };
 using grad_span = std::variant<std::span<const float>, std::span<const spillway::bfloat16>,
                                std::span<const spillway::float16>>;
 
-/// True when no gradient is inf or NaN (the fp16 overflow check, done over all subgroups
-/// before any of them is updated, so a skipped step changes nothing).
-bool all_finite(const grad_span& grads, spillway::thread_pool& pool);
-
 struct adam_hparams {
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
 };
@@ -54,6 +50,11 @@ public:
     virtual void init(std::span<const float> params) = 0;
     /// Restores the state saved by save() into `dir`; params are the checkpoint's.
     virtual void load(const std::filesystem::path& dir, std::span<const float> params) = 0;
+    /// The overflow check that comes before step(): the sum of squares of `grads` (each
+    /// divided by grad_scale), in double; +inf or NaN when a gradient is inf or NaN. It reads
+    /// every gradient once, before any subgroup is updated, so a skipped step changes
+    /// nothing; step() with the same span and scale does not read them for the check again.
+    virtual double check(float grad_scale, const grad_span& grads) = 0;
     /// AdamW step t (1-based) with gradients scaled by grad_scale; writes the updated params.
     virtual void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) = 0;
     /// Starts reading the state the next step() needs, so that the reads overlap the forward

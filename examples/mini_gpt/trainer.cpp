@@ -172,7 +172,8 @@ Usage: mini_gpt [flags]
   --save-model FILE   write an llm.c checkpoint after the last step
   --json              one JSON object per step instead of the progress line
   --quiet             no per-step lines
-  --trace FILE        write a Chrome trace (Perfetto) of compute and I/O
+  --trace FILE        write a Chrome trace (Perfetto) of compute and I/O; under mpirun rank 0
+                      writes FILE and rank k writes FILE with ".rank<k>" before its extension
   Default model: --layers 4 --channels 128 --heads 4 --vocab 256 --max-seq 64
 )";
 }
@@ -311,6 +312,13 @@ private:
 
 }  // namespace
 
+std::filesystem::path trace_path(const std::filesystem::path& file, int rank) {
+    if (rank == 0) return file;
+    auto named = file;
+    named.replace_filename(file.stem().string() + ".rank" + std::to_string(rank) + file.extension().string());
+    return named;
+}
+
 void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B, int T, int row0, int rows,
                 std::vector<int>& inputs, std::vector<int>& targets) {
     std::size_t BT = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
@@ -411,7 +419,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
 
     // 5. Optimizer and activation store for the --offload mode.
     std::unique_ptr<spillway::trace::recorder> recorder;
-    if (!opt.trace.empty()) recorder = std::make_unique<spillway::trace::recorder>(spillway::trace::recording::enabled, "mini_gpt");
+    // Every rank records its own timeline; rank k > 0 writes it beside rank 0's (trace_path).
+    const std::filesystem::path trace_file = opt.trace.empty() ? opt.trace : trace_path(opt.trace, rank);
+    if (!opt.trace.empty())
+        recorder = std::make_unique<spillway::trace::recorder>(
+            spillway::trace::recording::enabled, nranks > 1 ? "mini_gpt rank " + std::to_string(rank) : "mini_gpt");
     const std::string process_tag = std::to_string(::getpid());
     optimizer_settings os;
     os.adam = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
@@ -514,7 +526,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         double comm_ms = ms_since(ta);
         if (recorder) {
             recorder->complete(compute_track, "forward " + std::to_string(step), tf, tb);
-            recorder->complete(compute_track, "backward " + std::to_string(step), tb, clock_type::now());
+            recorder->complete(compute_track, "backward " + std::to_string(step), tb, ta);
+            if (nranks > 1) recorder->complete(compute_track, "gradient exchange " + std::to_string(step), ta, clock_type::now());
         }
 
         // Narrow the gradients to the chosen dtype (kept in host memory; widened lazily
@@ -529,16 +542,22 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             spillway::narrow(std::span<const float>(model.grads()), std::span<spillway::float16>(grads_fp16));
             grads = std::span<const spillway::float16>(grads_fp16);
         }
-        bool finite = !dist::any(!all_finite(grads, pool));
+        // After the exchange every rank holds the same gradients: each checks its own shard
+        // (the optimizer's check, which its step then reuses) and the ranks combine the verdicts.
+        grad_span mine = std::visit([&](auto g) -> grad_span { return g.subspan(lo, hi - lo); }, grads);
+        bool finite = !dist::any(!std::isfinite(optim->check(state.loss_scale, mine)));
+        auto tc = clock_type::now();
+        if (recorder) recorder->complete(compute_track, "gradient check", tu, tc);
         double io_wait = model.times().act_wait_ms;
         if (finite) {
             ++state.adam_steps;
-            grad_span mine = std::visit([&](auto g) -> grad_span { return g.subspan(lo, hi - lo); }, grads);
             optim->step(state.adam_steps, state.loss_scale, mine, model.params().subspan(lo, hi - lo));
             io_wait += optim->last_io_wait_ms();
             auto tg = clock_type::now();
+            if (recorder) recorder->complete(compute_track, "optimizer step", tc, tg);
             dist::allgather(model.params(), shard);
             comm_ms += ms_since(tg);
+            if (recorder && nranks > 1) recorder->complete(compute_track, "parameter gather", tg, clock_type::now());
         }
         // Dynamic loss scaling (fp16 only): halve on overflow, double after 500 good steps.
         if (opt.grads == grad_dtype::fp16) {
@@ -639,9 +658,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     if (!opt.save_model.empty() && rank == 0) write_checkpoint(opt.save_model, config, model.params());
     if (recorder) {
         try {
-            recorder->save(opt.trace);
+            recorder->save(trace_file);
         } catch (const std::system_error& e) {
-            throw input_error(opt.trace.string() + ": cannot write the trace: " + e.what());
+            throw input_error(trace_file.string() + ": cannot write the trace: " + e.what());
         }
     }
     if (!opt.json && totals.steps > 0) {

@@ -65,6 +65,11 @@ options parse_options(const std::vector<std::string>& args);
 /// The --help text.
 std::string usage_text();
 
+/// Where rank `rank` writes its --trace timeline: `file` itself for rank 0, else `file` with
+/// ".rank<k>" before its extension (trace.json -> trace.rank1.json), so that the ranks of one
+/// mpirun never write the same file.
+std::filesystem::path trace_path(const std::filesystem::path& file, int rank);
+
 /// Batch k of a token stream for global batch B and sequence T: of the B*T+1 tokens starting
 /// at token (k mod K)*B*T (K = (tokens-1)/(B*T) whole batches), inputs are the first B*T and
 /// targets the same shifted by one, both (B,T) row-major; rows [row0, row0+rows) are filled.

@@ -19,6 +19,7 @@
 
 #include "llmc_format.hpp"
 #include "support/temp_dir.hpp"
+#include "trainer.hpp"
 
 using namespace mini_gpt;
 
@@ -262,8 +263,16 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     CHECK(n == 3);
     auto trace = slurp(d / "trace.json");
     CHECK(trace.find("\"traceEvents\"") != std::string::npos);
-    for (const char* name : {"forward 0", "backward 2", "update 1", "save layer 1", "load layer 0"})
+    for (const char* name : {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step", "save layer 1",
+                             "load layer 0"})
         CHECK(trace.find(name) != std::string::npos);
+    // One process: no exchange between ranks, and only the file asked for.
+    CHECK(trace.find("gradient exchange") == std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(d / "trace.rank1.json"));
+    // Under mpirun, rank k > 0 writes beside rank 0 (the MPI test runs it).
+    CHECK(trace_path(d / "trace.json", 0) == d / "trace.json");
+    CHECK(trace_path(d / "trace.json", 1) == d / "trace.rank1.json");
+    CHECK(trace_path(d / "trace", 12) == d / "trace.rank12");
 
     auto table = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--offload", "all", "--path",
                                                                (d / "p").string(), "--lock-dir", (d / "locks").string()});

@@ -14,6 +14,7 @@
 
 #include "llmc_format.hpp"
 #include "support/temp_dir.hpp"
+#include "trainer.hpp"
 
 using namespace mini_gpt;
 
@@ -102,9 +103,19 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
         std::vector<std::string> args = mpirun(2, common);
         for (std::string a : std::vector<std::string>{"--offload", mode, "--path", (d / "shared1").string(), "--path", (d / "shared2").string(),
                               "--lock-dir", (d / "locks").string(),
-                              "--save-model", (d / (std::string(mode) + ".bin")).string()})
+                              "--save-model", (d / (std::string(mode) + ".bin")).string(),
+                              "--trace", (d / (std::string(mode) + "-trace.json")).string()})
             args.push_back(a);
         check_losses(args, d / "two.txt", want);
+        // --trace: each rank writes its own timeline (rank 1 beside rank 0's, ".rank1"), with
+        // the exchange between ranks on the trainer's track.
+        for (int rank : {0, 1}) {
+            auto trace = slurp(trace_path(d / (std::string(mode) + "-trace.json"), rank));
+            INFO("rank " << rank);
+            CHECK(trace.find("\"traceEvents\"") != std::string::npos);
+            CHECK(trace.find("mini_gpt rank " + std::to_string(rank)) != std::string::npos);
+            CHECK(trace.find("gradient exchange") != std::string::npos);
+        }
     }
     // Both two-rank runs (in memory and offloaded) end with the same parameters: the sharded
     // update pipeline gives the same bits as the sharded in-memory step.

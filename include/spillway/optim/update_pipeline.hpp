@@ -328,7 +328,10 @@ public:
     ///    update(grads, ...) uses the result when it gets the same span (data and size) and
     ///    grad_scale, and checks again otherwise; the gradients' values must not change in
     ///    between. One update consumes it (a skipped or failed update included).
-    void hand_over_gradients(std::span<const Grad> grads, update_args args = {}) {
+    /// Returns the check's sum of squares (of each gradient divided by grad_scale, in double):
+    /// +inf or NaN when a gradient is inf or NaN, and the next update is then skipped. A
+    /// trainer that shards the parameters over ranks combines the ranks' verdicts from it.
+    double hand_over_gradients(std::span<const Grad> grads, update_args args = {}) {
         check_grads_size(grads);
         check_grad_scale(args.grad_scale);
         auto t0 = clock::now();
@@ -341,6 +344,7 @@ public:
         if (opts_.gradients == gradient_path::fp32_on_tier && std::isfinite(handover_.sum_squares)) write_fp32_grads(grads);
         handover_.valid = true;
         handover_.seconds = seconds_since(t0);
+        return handover_.sum_squares;
     }
 
     /// Runs one AdamW step over every subgroup (see the protocol in the header comment).
