@@ -545,9 +545,14 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         // After the exchange every rank holds the same gradients: each checks its own shard
         // (the optimizer's check, which its step then reuses) and the ranks combine the verdicts.
         grad_span mine = std::visit([&](auto g) -> grad_span { return g.subspan(lo, hi - lo); }, grads);
-        bool finite = !dist::any(!std::isfinite(optim->check(state.loss_scale, mine)));
+        const double sum_squares = optim->check(state.loss_scale, mine);
+        auto tv = clock_type::now();
+        bool finite = !dist::any(!std::isfinite(sum_squares));
         auto tc = clock_type::now();
-        if (recorder) recorder->complete(compute_track, "gradient check", tu, tc);
+        if (recorder) {
+            recorder->complete(compute_track, "gradient check", tu, tv);
+            if (nranks > 1) recorder->complete(compute_track, "overflow verdict", tv, tc);
+        }
         double io_wait = model.times().act_wait_ms;
         if (finite) {
             ++state.adam_steps;

@@ -300,6 +300,33 @@ TEST_CASE("virtual_tier: a worker serves a free child while another child's lock
     for (auto& n : names) CHECK(get(vt, n, data.size()) == data);
 }
 
+TEST_CASE("virtual_tier: a lock held outside the tier wakes its waiter when released, without polling") {
+    test::temp_dir dir("vt-wake");
+    virtual_tier_options o = fixed({1, 1}, "wake");
+    o.locks.directory = dir.path();
+    o.workers = 2;
+    // A poll this slow would finish the write below hundreds of ms after the release (the
+    // awake worker's back-off doubles from 20 us: its scans fall at 0.33 s and 0.66 s).
+    o.poll_interval = std::chrono::seconds(5);
+    virtual_tier<node_lock, host_tier, host_tier> vt(o);
+    auto data = random_bytes(4 * KiB, 9);
+    node_lock other("wake.0.write", o.locks);  // another process, as far as the tier can tell
+    other.lock();
+    auto waiting = vt.write_batch(std::vector<write_request>{{"w0", data}, {"w1", data}});  // placed 0, 1
+    CHECK(waiting[1].wait() == data.size());  // the other child is served meanwhile
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    CHECK_FALSE(waiting[0].ready());
+    auto released = std::chrono::steady_clock::now();
+    other.unlock();
+    CHECK(waiting[0].wait() == data.size());
+    auto delay = std::chrono::steady_clock::now() - released;
+    CHECK(delay < std::chrono::milliseconds(150));
+    CHECK(get(vt, "w0", data.size()) == data);
+    // The tier's own release wakes its other workers too (no external holder involved).
+    auto batch = vt.write_batch(std::vector<write_request>{{"a", data}, {"b", data}, {"c", data}, {"d", data}});
+    for (auto& d : batch) CHECK(d.wait() == data.size());
+}
+
 TEST_CASE("virtual_tier: a failed write goes to another child and the failed child is degraded") {
     using faulty_host = faulty_tier<host_tier>;
     virtual_tier<thread_lock, faulty_host, host_tier> vt(fixed({1, 1}, "fo"), child_args(std::in_place, SIZE_MAX, "flaky"),

@@ -34,8 +34,11 @@
 ///    a child at a time. Operations wait in one queue; a worker takes the first queued
 ///    operation whose child lock it can take with try_lock(), so a worker that finds a child
 ///    busy serves another key from a free child first (write_batch / read_batch submit many
-///    at once). When nothing can be taken, workers poll with a back-off up to
-///    options.poll_interval (locks held by other processes send no wake-up).
+///    at once). When nothing can be taken, a worker sleeps in the lock() of a queued
+///    operation's lock that no worker of this tier holds (so it is held outside the tier,
+///    e.g. by another process): the release wakes it at once, with no polling. One worker
+///    sleeps per lock and one always stays awake; it polls with a back-off up to
+///    options.poll_interval, and a worker's release of a lock wakes it.
 ///  - Fail-over. A write that fails on a child with std::system_error (EIO, ENOSPC, ...) marks
 ///    that child degraded (no new keys go there) and is written to another child; nothing is
 ///    lost while the caller's buffer is intact. Only when every usable child failed does the
@@ -55,7 +58,11 @@
 ///     current child, or fails at once (ENOENT, size mismatch) through its completion.
 ///  2. The operation joins the queue and a worker is woken.
 ///  3. A worker scans the queue in order and takes the first operation whose child lock
-///     (read or write) try_lock() grants; if none, it waits on the queue (back-off poll).
+///     (read or write) try_lock() grants. If none: it picks the first queued operation whose
+///     lock no worker of this tier holds or sleeps on, sleeps in that lock's lock(), and
+///     then takes the first operation still queued on that lock (releasing the lock if
+///     none is left); when every such lock is taken care of, or it is the last worker
+///     awake, it waits on the queue (back-off poll, woken by the tier's own releases).
 ///  4. The worker runs the child's read or write and waits for it, then releases the lock
 ///     and wakes the others.
 ///  5. Write success: the index points the key at the new child, then the old copy (on
@@ -145,7 +152,8 @@ struct virtual_tier_options {
     /// The lock name of each child (empty: `"<name>.<index>"`); one entry per child when
     /// given. Processes that share a path must use one name for it.
     std::vector<std::string> lock_names{};
-    /// Longest wait between scans of the queue when every wanted child lock is taken.
+    /// Longest wait between scans of the queue for the one worker that stays awake when every
+    /// wanted child lock is taken (the others sleep in the locks held outside the tier).
     std::chrono::microseconds poll_interval{500};
 };
 
@@ -564,6 +572,8 @@ private:
         std::string fault;
         std::size_t keys = 0;
         std::size_t pending = 0;  // bytes of writes headed to this child
+        std::size_t holders[2] = {0, 0};   // [read, write]: workers of this tier holding the lock
+        bool awaited[2] = {false, false};  // a worker of this tier sleeps in its lock()
     };
 
     struct entry {
@@ -898,6 +908,17 @@ private:
         return op.dir == io_direction::read ? l.read_lock : l.write_lock;
     }
 
+    static std::size_t dir_index(io_direction dir) noexcept { return dir == io_direction::read ? rd : wr; }
+    std::size_t& holders(const operation& op) { return slots_[op.child]->holders[dir_index(op.dir)]; }
+    bool& awaited(const operation& op) { return slots_[op.child]->awaited[dir_index(op.dir)]; }
+
+    // The first queued operation on the lock of `child` for `dir`.
+    typename std::deque<std::unique_ptr<operation>>::iterator first_on_lock(std::size_t child, io_direction dir) {
+        return std::find_if(queue_.begin(), queue_.end(),
+                            [&](const auto& o) { return o->child == child && o->dir == dir; });
+    }
+
+    // Worker loop (protocol steps 3-4 in the file comment).
     void work() {
         using namespace std::chrono;
         const microseconds min_backoff{20};
@@ -925,10 +946,45 @@ private:
                     break;
                 }
             }
-            if (!op) {
-                cv_.wait_for(lock, backoff);
-                backoff = std::min<microseconds>(backoff * 2, std::max(min_backoff, options_.poll_interval));
-                continue;
+            if (!op && !lock_error) {
+                // Every wanted lock is taken. A lock that no worker of this tier holds is held
+                // outside it (another process): sleep in its lock() and be woken by its
+                // release, rather than poll. A lock one of ours holds wakes us through cv_.
+                // One worker sleeps per lock, and one worker always stays to scan the queue.
+                auto it = awaited_workers_ + 1 < workers_.size()
+                              ? std::find_if(queue_.begin(), queue_.end(),
+                                             [&](const auto& o) { return holders(*o) == 0 && !awaited(*o); })
+                              : queue_.end();
+                if (it == queue_.end()) {
+                    cv_.wait_for(lock, backoff);
+                    backoff = std::min<microseconds>(backoff * 2, std::max(min_backoff, options_.poll_interval));
+                    continue;
+                }
+                const std::size_t child = (*it)->child;
+                const io_direction dir = (*it)->dir;
+                LockPolicy& wanted = lock_of(**it);
+                bool& waiting = awaited(**it);
+                waiting = true;
+                ++awaited_workers_;
+                lock.unlock();
+                try {
+                    wanted.lock();
+                } catch (...) {
+                    lock_error = std::current_exception();
+                }
+                lock.lock();
+                waiting = false;
+                --awaited_workers_;
+                // Only this worker could take operations on that lock while it slept (the
+                // others' try_lock() failed), so they are still queued; a write that failed
+                // over meanwhile may have left, and then the lock goes back.
+                auto mine = first_on_lock(child, dir);
+                if (mine == queue_.end()) {
+                    if (!lock_error) wanted.unlock();
+                    continue;
+                }
+                op = std::move(*mine);
+                queue_.erase(mine);
             }
             backoff = min_backoff;
             if (lock_error) {
@@ -936,8 +992,9 @@ private:
                 fail_op(*op, lock_error, lock);
                 continue;
             }
+            ++holders(*op);
             lock.unlock();
-            run(std::move(op), lock);  // returns with `lock` held
+            run(std::move(op), lock);  // returns with `lock` held, and the child lock released
             cv_.notify_all();  // a child lock was released: waiting operations may go
         }
     }
@@ -979,8 +1036,9 @@ private:
             error = std::current_exception();
         }
         s.moved.end(op.dir, op.nbytes, !error);
-        lock_of(op).unlock();
         lock.lock();
+        --holders(op);
+        lock_of(op).unlock();
         if (op.dir == io_direction::write) s.pending -= op.nbytes;
         if (!error) {
             update_estimate(op.child, op.dir);
@@ -1082,6 +1140,7 @@ private:
     std::size_t pending_ = 0;  // bytes of writes submitted and not finished
     stats_recorder stats_;
     bool stopping_ = false;
+    std::size_t awaited_workers_ = 0;  // workers asleep in a child lock's lock()
     std::vector<std::thread> workers_;  // last: started once everything else exists
 };
 
