@@ -3,24 +3,33 @@
 // Guarantees:
 // - submit(fn) runs fn on one worker, FIFO; the destructor finishes every queued task, then
 //   joins (nothing submitted is dropped).
-// - parallel_for(count, fn) splits [0, count) into at most size()+1 contiguous chunks and
-//   calls fn(begin, end) for each, the calling thread taking one chunk; it returns when all
-//   chunks finished and rethrows the first exception a chunk threw. Chunk boundaries are a
-//   pure function of (count, size(), grain), so results that depend on the split are
-//   reproducible run to run.
+// - parallel_for(count, fn) splits [0, count) into at most 2 x (size()+1) contiguous chunks
+//   of at least `grain` items (the last may be shorter) and calls fn(begin, end) once for
+//   each; it returns when all chunks finished and rethrows the first exception a chunk threw
+//   (every chunk still runs).
+//   Chunk boundaries are a pure function of (count, size(), grain), so results that depend
+//   on the split are reproducible run to run.
+// - Who runs a chunk is decided as the call goes: the calling thread and up to size()
+//   workers each take the next chunk not yet taken until none is left. A worker that the
+//   scheduler delays (on a small machine, an I/O thread took its core) or that is busy with
+//   another task costs the call at most the chunk it holds; the caller alone can finish the
+//   call, so parallel_for from inside a task of the same pool does not deadlock.
 // - A pool of size 0 runs everything on the caller.
 // - Workers carry the pool's name (default "spw-pool"; see thread_name.hpp).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "spillway/detail/thread_name.hpp"
@@ -63,49 +72,34 @@ public:
         cv_.notify_one();
     }
 
-    /// Calls fn(begin, end) over [0, count) in chunks of at least `grain` items.
+    /// Calls fn(begin, end) over [0, count) in chunks of at least `grain` items (see the
+    /// guarantees above).
     template <class Fn>
     void parallel_for(std::size_t count, Fn&& fn, std::size_t grain = 1) {
         if (count == 0) return;
         grain = std::max<std::size_t>(grain, 1);
-        std::size_t max_chunks = (count + grain - 1) / grain;
-        std::size_t chunks = std::min(workers_.size() + 1, max_chunks);
-        if (chunks <= 1) {
+        const std::size_t max_chunks = std::max<std::size_t>(1, count / grain);
+        std::size_t chunks = std::min((workers_.size() + 1) * chunks_per_thread, max_chunks);
+        if (workers_.empty() || chunks <= 1) {
             fn(std::size_t{0}, count);
             return;
         }
-        std::size_t per = (count + chunks - 1) / chunks;
-        struct shared {
-            std::mutex m;
-            std::condition_variable cv;
-            std::size_t pending;
-            std::exception_ptr error;
-        } st;
-        st.pending = chunks - 1;
-        for (std::size_t c = 1; c < chunks; ++c) {
-            std::size_t b = std::min(count, c * per), e = std::min(count, b + per);
-            submit([&, b, e] {
-                std::exception_ptr err;
-                try {
-                    fn(b, e);
-                } catch (...) {
-                    err = std::current_exception();
-                }
-                std::lock_guard lock(st.m);
-                if (err && !st.error) st.error = err;
-                if (--st.pending == 0) st.cv.notify_one();
-            });
-        }
-        std::exception_ptr mine;
-        try {
-            fn(std::size_t{0}, std::min(count, per));
-        } catch (...) {
-            mine = std::current_exception();
-        }
-        std::unique_lock lock(st.m);
-        st.cv.wait(lock, [&] { return st.pending == 0; });
-        if (mine) std::rethrow_exception(mine);
-        if (st.error) std::rethrow_exception(st.error);
+        const std::size_t per = (count + chunks - 1) / chunks;
+        chunks = (count + per - 1) / per;  // no empty chunk
+        // The call's state outlives the call for helpers that start after it returned (they
+        // find no chunk left and never touch fn).
+        auto call = std::make_shared<call_state>();
+        call->count = count;
+        call->per = per;
+        call->chunks = chunks;
+        using F = std::remove_reference_t<Fn>;
+        call->fn = const_cast<void*>(static_cast<const void*>(std::addressof(fn)));
+        call->run = [](void* f, std::size_t b, std::size_t e) { (*static_cast<F*>(f))(b, e); };
+        for (std::size_t h = 0; h < std::min(workers_.size(), chunks - 1); ++h) submit([call] { call->drain(); });
+        call->drain();
+        std::unique_lock lock(call->m);
+        call->cv.wait(lock, [&] { return call->finished == call->chunks; });
+        if (call->error) std::rethrow_exception(call->error);
     }
 
     /// A process-wide pool with hardware_concurrency() - 1 workers, created on first use.
@@ -115,6 +109,38 @@ public:
     }
 
 private:
+    /// Chunks per participant (caller and workers): enough for the others to absorb one
+    /// delayed thread, few enough that each chunk stays a sizeable piece of work.
+    static constexpr std::size_t chunks_per_thread = 2;
+
+    /// One parallel_for call, shared with the helpers it submitted.
+    struct call_state {
+        std::atomic<std::size_t> next{0};  // the next chunk to take
+        std::size_t count = 0, per = 0, chunks = 0;
+        void* fn = nullptr;                               // the caller's callable
+        void (*run)(void*, std::size_t, std::size_t) = nullptr;
+        std::mutex m;
+        std::condition_variable cv;
+        std::size_t finished = 0;  // chunks done (guarded by m)
+        std::exception_ptr error;  // the first a chunk threw (guarded by m)
+
+        /// Takes chunks until none is left; each is counted once it has run.
+        void drain() {
+            for (std::size_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+                const std::size_t b = c * per, e = std::min(count, b + per);
+                std::exception_ptr err;
+                try {
+                    run(fn, b, e);
+                } catch (...) {
+                    err = std::current_exception();
+                }
+                std::lock_guard lock(m);
+                if (err && !error) error = err;
+                if (++finished == chunks) cv.notify_all();
+            }
+        }
+    };
+
     void run() {
         for (;;) {
             std::function<void()> task;

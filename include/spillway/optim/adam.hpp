@@ -28,8 +28,8 @@
 ///   finite (grad_sum_squares returned a finite value over the same gradients) passes
 ///   grad_check::caller_verified to skip that pass.
 /// - The caller keeps every span alive for the duration of the call; the spans must not overlap.
-///   Do not call adamw_step or grad_sum_squares from a task running on the same pool: the call
-///   waits for chunks queued behind that task (with one worker, forever).
+///   Calling them from a task running on the same pool is allowed: the calling thread takes
+///   every chunk no free worker takes (thread_pool::parallel_for).
 /// - The bit-identity guarantees assume the default floating-point environment (round to
 ///   nearest, no flush-to-zero / denormals-are-zero) on the calling thread, which runs one
 ///   chunk itself; the pool's threads always have it.
