@@ -880,7 +880,7 @@ private:
         if (options_.placement != placement_mode::adaptive) return;
         auto& s = *slots_[i];
         auto snap = s.moved.snapshot();
-        std::size_t d = dir == io_direction::read ? rd : wr;
+        std::size_t d = dir_index(dir);
         std::uint64_t bytes = d == rd ? snap.bytes_read : snap.bytes_written;
         double busy = d == rd ? snap.read_busy_seconds : snap.write_busy_seconds;
         double dbusy = busy - s.seen_busy[d];
@@ -975,9 +975,10 @@ private:
                 lock.lock();
                 waiting = false;
                 --awaited_workers_;
-                // Only this worker could take operations on that lock while it slept (the
-                // others' try_lock() failed), so they are still queued; a write that failed
-                // over meanwhile may have left, and then the lock goes back.
+                // With node_lock no other worker could take operations on that lock while this
+                // one slept (their try_lock() fails on the lock's own mutex), so they are still
+                // queued. A policy whose try_lock() can win against a sleeping lock() may have
+                // let another worker serve them all; then the lock goes back.
                 auto mine = first_on_lock(child, dir);
                 if (mine == queue_.end()) {
                     if (!lock_error) wanted.unlock();
