@@ -20,17 +20,20 @@
 //    (train_gpt2.c) takes about 2.9 s per step for this config with 2 threads on the
 //    development machine, so this is 2.9 s over our median step, and speedup_vs_llmc_cpu
 //    (1 rank) is its CPU time, about 2 x 2.9 s, over ours (a shared machine inflates CPU
-//    time less than wall time). Rows other than `none`
-//    carry vs_none (this row's step time over the `none` row's of the same config and ranks),
-//    and the `optimizer` and `all` rows (1 rank) the goal's premise ("when the paths'
-//    bandwidth suffices"): path_bytes_per_step (the optimizer state, fp32 params, m and v, and
+//    time less than wall time). Rows other than `none` run 3 times (SPILLWAY_MINI_GPT_PAIRS),
+//    each run right after a `none` run of the same model and ranks; the row's time is the
+//    median of its runs and vs_none the median of the pairs' ratios (vs_none_min and
+//    vs_none_max their spread, vs_none_pairs their count): on a machine whose speed drifts
+//    over minutes, a ratio of two adjacent runs is what stays meaningful. Other counters come
+//    from the row's first run. The `optimizer` and `all` rows (1 rank) also carry the goal's
+//    premise ("when the paths' bandwidth suffices"): path_bytes_per_step (the optimizer state on the path, m and v, and
 //    with `all` every layer's activations, each written and read once), path_floor_ms (those
 //    bytes over the path's measured write and read bandwidth; opt_io_floor_ms: the optimizer
-//    state's part), path_needed_bytes_per_s (the bytes over the `none` step) and
-//    bandwidth_suffices (1 when path_floor_ms is below the `none` step).
+//    state's part), path_needed_bytes_per_s (the bytes over the paired `none` runs' step) and
+//    bandwidth_suffices (1 when path_floor_ms is below that step).
 //  - step/gpt2_124M_shm/all/ranks:1 and step/default_shm/all/ranks:1: the `all` runs with their
 //    paths on /dev/shm, where the bandwidth suffices (the disk of the development machine
-//    moves about 0.25-1 GB/s; a 124M step moves about 3.3 GB); vs_none against the `none` row
+//    moves about 0.25-1 GB/s; a 124M step moves about 2.3 GB); vs_none against the `none` row
 //    of the same model. The bytes really go through file tiers, on a memory file system (on 2
 //    cores its copies take CPU time from the compute, as a disk's DMA would not).
 //  - 2 ranks: `mpirun -np 2` (with --oversubscribe, and --allow-run-as-root as root) on the
@@ -48,6 +51,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -207,7 +211,7 @@ mini_gpt::options run_options(bool gpt2_124m, offload_mode mode, const offload_p
         o.batch = 4;
         o.seq = 64;
         o.steps = 5;                        // one warm-up step and four measured ones
-        o.subgroup = std::size_t{1} << 22;  // 4 Mi params (48 MiB of state) per subgroup
+        o.subgroup = std::size_t{1} << 22;  // 4 Mi params (32 MiB of m and v) per subgroup
         o.buffers = 8;
     } else {
         o.steps = spillway::bench::smoke() ? 3 : 100;  // long enough to show the loss fall
@@ -267,6 +271,28 @@ series_run run_two_ranks(mini_gpt::options o) {
     return r;
 }
 
+/// One run of `o`: in this process for 1 rank (filling *rep when given), else under mpirun.
+/// Throws std::runtime_error naming the command when a 2-rank run fails.
+series_run run_once(const mini_gpt::options& o, int ranks, mini_gpt::run_report* rep) {
+    if (ranks != 1) return run_two_ranks(o);
+    mini_gpt::run_report local;
+    if (!rep) rep = &local;
+    std::ostringstream sink;
+    auto losses = mini_gpt::train(o, sink, rep);
+    series_run run;
+    run.loss.assign(losses.begin(), losses.end());
+    run.step_ms = rep->step_ms;
+    run.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep->act_peak_bytes)));
+    return run;
+}
+
+/// Pairs of (`none`, this row) runs per row other than `none`: 3, 1 for a smoke run;
+/// SPILLWAY_MINI_GPT_PAIRS overrides.
+int pair_count() {
+    if (const char* e = std::getenv("SPILLWAY_MINI_GPT_PAIRS")) return std::max(1, std::atoi(e));
+    return spillway::bench::smoke() ? 1 : 3;
+}
+
 /// A step row: the model, the offload mode, the ranks, and the path the offloaded bytes take.
 struct row {
     bool big;
@@ -293,27 +319,35 @@ void train_step(benchmark::State& state, const row& r) {
         // The limit again, right before and after the run: the machines are shared, so a
         // ratio is only meaningful against a limit measured under the same load.
         double limit = sgemm_flops_per_s();
+        // Paired runs: each run of this row comes right after a `none` run of the same model
+        // and ranks, and vs_none is the median of the pairs' ratios, so a slow spell of the
+        // machine (they last minutes here) weighs on both sides of a ratio.
+        const int pairs = mode == offload_mode::none ? 1 : pair_count();
+        const mini_gpt::options none_o = run_options(gpt2_124m, offload_mode::none, path);
         series_run run;
         mini_gpt::run_report rep;
-        if (ranks == 1) {
-            std::ostringstream sink;
-            auto losses = mini_gpt::train(o, sink, &rep);
-            run.loss.assign(losses.begin(), losses.end());
-            run.step_ms = rep.step_ms;
-            run.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep.act_peak_bytes)));
-        } else {
-            try {
-                run = run_two_ranks(o);
-            } catch (const std::exception& e) {
-                state.SkipWithError(e.what());
-                return;
+        std::vector<double> row_s, none_s, ratios;
+        try {
+            for (int k = 0; k < pairs; ++k) {
+                if (mode != offload_mode::none) none_s.push_back(median(after_first(run_once(none_o, ranks, nullptr).step_ms)) / 1e3);
+                mini_gpt::run_report this_rep;
+                series_run this_run = run_once(o, ranks, &this_rep);
+                row_s.push_back(median(after_first(this_run.step_ms)) / 1e3);
+                if (!none_s.empty()) ratios.push_back(row_s.back() / none_s.back());
+                if (k == 0) {  // the series and the per-step counters come from the first run
+                    run = std::move(this_run);
+                    rep = std::move(this_rep);
+                }
             }
+        } catch (const std::exception& e) {
+            state.SkipWithError(e.what());
+            return;
         }
         limit = std::max(limit, sgemm_flops_per_s());
         run.config = config;
         run.offload = offload_name(mode);
         run.ranks = ranks;
-        const double step_s = median(after_first(run.step_ms)) / 1e3;
+        const double step_s = median(row_s);
         state.SetIterationTime(step_s);
         // Model FLOPs per step: the global batch's tokens (the same for 1 and 2 ranks).
         mini_gpt::gpt2_config c;
@@ -342,23 +376,31 @@ void train_step(benchmark::State& state, const row& r) {
             state.counters["update_ms"] = median(after_first(rep.update_ms));
             state.counters["io_wait_ms"] = median(after_first(rep.io_wait_ms));
         }
-        if (mode == offload_mode::none) none_step_ms[key] = step_s * 1e3;
-        else if (none_step_ms.count(key)) state.counters["vs_none"] = step_s * 1e3 / none_step_ms[key];
+        if (mode == offload_mode::none) {
+            none_step_ms[key] = step_s * 1e3;
+        } else {
+            state.counters["vs_none"] = median(ratios);
+            state.counters["vs_none_pairs"] = static_cast<double>(ratios.size());
+            state.counters["vs_none_min"] = *std::min_element(ratios.begin(), ratios.end());
+            state.counters["vs_none_max"] = *std::max_element(ratios.begin(), ratios.end());
+            none_step_ms[key + "/paired"] = median(none_s) * 1e3;
+        }
         if ((mode == offload_mode::optimizer || mode == offload_mode::all) && path.read_bps > 0 && ranks == 1) {
-            // The bytes the step moves through the path, each way: the fp32 params, m and v of
-            // every parameter, and with `all` every layer's activations (--act-split offload).
-            const double state_bytes = 12.0 * static_cast<double>(rep.params);
+            // The bytes the step moves through the path, each way: m and v of every parameter
+            // (the fp32 params are the model's own and stay in memory), and with `all` every
+            // layer's activations (--act-split offload).
+            const double state_bytes = 8.0 * static_cast<double>(rep.params);
             const double act_bytes = mode == offload_mode::all ? static_cast<double>(rep.layer_act_bytes) : 0.0;
             const double bytes = state_bytes + act_bytes;
             const double floor_ms = (bytes / path.read_bps + bytes / path.write_bps) * 1e3;
             state.counters["opt_io_floor_ms"] = (state_bytes / path.read_bps + state_bytes / path.write_bps) * 1e3;
             state.counters["path_bytes_per_step"] = 2 * bytes;
             state.counters["path_floor_ms"] = floor_ms;
-            // The goal's premise: the path moves the step's bytes within the `none` step time.
-            if (none_step_ms.count(key)) {
-                state.counters["path_needed_bytes_per_s"] = 2 * bytes / (none_step_ms[key] / 1e3);
-                state.counters["bandwidth_suffices"] = floor_ms <= none_step_ms[key] ? 1 : 0;
-            }
+            // The goal's premise: the path moves the step's bytes within the `none` step time
+            // (of the paired runs).
+            const double none_ms = none_step_ms[key + "/paired"];
+            state.counters["path_needed_bytes_per_s"] = 2 * bytes / (none_ms / 1e3);
+            state.counters["bandwidth_suffices"] = floor_ms <= none_ms ? 1 : 0;
         }
         series.push_back(std::move(run));
     }

@@ -1029,7 +1029,8 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
         by = {(c, m, k): r for c, m, k, r in rows}
 
         def vs_none(cfg, mode, ranks, r):
-            """This row's step time over the `none` row's of the same config and ranks."""
+            """The row's vs_none (the median over runs paired with `none` runs), else its step
+            time over the `none` row's of the same config and ranks."""
             if r.get("vs_none") is not None or mode == "none":
                 return r.get("vs_none", 1.0 if mode == "none" else None)
             none = by.get((cfg, "none", ranks))
@@ -1037,12 +1038,20 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
                 return r.get("ms_per_step") / none.get("ms_per_step")
             return None
 
-        body = [[cfg, mode, str(ranks), fmt(r.get("ms_per_step"), 1), fmt(vs_none(cfg, mode, ranks, r)),
+        def vs_none_cell(cfg, mode, ranks, r):
+            """vs_none, with the spread of the paired runs when the row has several."""
+            cell = fmt(vs_none(cfg, mode, ranks, r))
+            if (r.get("vs_none_pairs") or 0) > 1 and r.get("vs_none_min") is not None:
+                cell += f" ({fmt(r.get('vs_none_min'))}-{fmt(r.get('vs_none_max'))})"
+            return cell
+
+        body = [[cfg, mode, str(ranks), fmt(r.get("ms_per_step"), 1), vs_none_cell(cfg, mode, ranks, r),
                  fmt(r.get("cpu_ms_per_step"), 1), fmt(r.get("vs_limit")), fmt(r.get("act_peak_vs_all_kept")),
                  fmt(r.get("update_ms"), 1), fmt(r.get("io_wait_ms"), 1), fmt(r.get("speedup_vs_llmc")),
                  fmt(r.get("speedup_vs_llmc_cpu"))]
                 for cfg, mode, ranks, r in rows]
-        out.append(md_table(["config", "offload", "ranks", "ms/step", "vs none", "CPU ms/step", "vs_limit (matmul)",
+        out.append(md_table(["config", "offload", "ranks", "ms/step", "vs none (paired runs' range)", "CPU ms/step",
+                             "vs_limit (matmul)",
                              "activation peak vs all kept", "update ms", "I/O wait ms", "vs llm.c (wall)",
                              "vs llm.c (CPU)"], body, numeric_from=2))
         for cfg in dict.fromkeys(c for c, _, _, _ in rows):

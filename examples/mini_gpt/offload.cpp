@@ -1,11 +1,13 @@
 // examples/mini_gpt/offload.cpp: the two offloading back ends, assembled from Spillway's
 // primitives the way a trainer would use them.
 //
-// Optimizer (--offload optimizer|all): the fp32 params, m and v live on a virtual tier over
-// one file tier per --path (a directory "mini_gpt-optimizer" under each), with node_lock so
-// that the ranks of one node take turns on each path; the update pipeline runs AdamW over
-// subgroups in alternating order with a resident set, widening the fp16/bf16 gradients
-// lazily, and writes the updated fp32 compute copy straight into the model's parameters.
+// Optimizer (--offload optimizer|all): m and v live on a virtual tier over one file tier
+// per --path (a directory "mini_gpt-optimizer" under each), with node_lock so that the ranks
+// of one node take turns on each path; the update pipeline runs AdamW over subgroups in
+// alternating order with a resident set, widening the fp16/bf16 gradients lazily. The model
+// computes in fp32, so its parameters are the master copy (pipeline_options::master_params):
+// the pipeline updates them in place and the tier holds no second copy (8 bytes per
+// parameter each way per step instead of 12).
 //
 // Activations (--offload activations|all): each layer's tensors are computed into buffers
 // taken from the activation stash's pool (allocate()), handed over to the stash once the
@@ -96,16 +98,16 @@ public:
         for (const auto& d : dirs_) remove_if_empty(d);
     }
 
-    void init(std::span<const float> params) override {
-        pipe_ = std::make_unique<pipeline>(*tier_, config(), params, options());
+    void init(std::span<float> params) override {
+        pipe_ = std::make_unique<pipeline>(*tier_, config(), params, options(params));
     }
-    void load(const std::filesystem::path& dir, std::span<const float>) override {
+    void load(const std::filesystem::path& dir, std::span<float> params) override {
         auto saved = dir / "optimizer";
         if (!std::filesystem::exists(saved / "manifest.txt"))
             throw input_error(saved.string() +
                               ": missing (this save was made with --offload none|activations; resume with the same mode)");
         try {
-            pipe_.reset(new pipeline(pipeline::restore(saved, *tier_, config(), options())));
+            pipe_.reset(new pipeline(pipeline::restore(saved, *tier_, config(), options(params))));
         } catch (const std::invalid_argument& e) {
             throw input_error(saved.string() + ": " + e.what());
         } catch (const std::runtime_error& e) {
@@ -173,8 +175,11 @@ private:
         c.adam = {s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps, s_.adam.weight_decay};
         return c;
     }
-    spillway::pipeline_options options() const {
+    // `params`: the trainer's fp32 params of this process, the master copy (the tier then
+    // holds only m and v).
+    spillway::pipeline_options options(std::span<float> params) const {
         spillway::pipeline_options o;
+        o.master_params = params;
         o.key_prefix = s_.key_prefix;
         o.pool = s_.pool;
         o.recorder = s_.recorder;

@@ -44,11 +44,11 @@ class memory_optimizer final : public optimizer {
 public:
     memory_optimizer(const optimizer_settings& s, std::size_t count) : s_(s), m_(count, 0.0f), v_(count, 0.0f) {}
 
-    void init(std::span<const float>) override {
+    void init(std::span<float>) override {
         std::fill(m_.begin(), m_.end(), 0.0f);
         std::fill(v_.begin(), v_.end(), 0.0f);
     }
-    void load(const std::filesystem::path& dir, std::span<const float>) override {
+    void load(const std::filesystem::path& dir, std::span<float>) override {
         auto file = dir / "moments.bin";
         if (!std::filesystem::exists(file))
             throw input_error(file.string() +

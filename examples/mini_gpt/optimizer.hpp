@@ -46,10 +46,12 @@ struct optimizer_settings {
 class optimizer {
 public:
     virtual ~optimizer() = default;
-    /// Starts from `params` with zero moments.
-    virtual void init(std::span<const float> params) = 0;
-    /// Restores the state saved by save() into `dir`; params are the checkpoint's.
-    virtual void load(const std::filesystem::path& dir, std::span<const float> params) = 0;
+    /// Starts from `params` with zero moments. `params` are this process's fp32 params (the
+    /// same memory every step() gets): a back end may keep them as its master copy.
+    virtual void init(std::span<float> params) = 0;
+    /// Restores the state saved by save() into `dir`; `params` (as for init) hold the
+    /// checkpoint's params, and a back end that saved its own copy puts it there.
+    virtual void load(const std::filesystem::path& dir, std::span<float> params) = 0;
     /// The overflow check that comes before step(): the sum of squares of `grads` (each
     /// divided by grad_scale), in double; +inf or NaN when a gradient is inf or NaN. It reads
     /// every gradient once, before any subgroup is updated, so a skipped step changes
@@ -71,8 +73,11 @@ public:
 /// m and v in host memory.
 std::unique_ptr<optimizer> make_memory_optimizer(const optimizer_settings& s, std::size_t count);
 
-/// Params, m and v on a virtual tier over the settings' paths (node_lock), driven by the
-/// update pipeline: alternating order, a resident set, lazy widening of the gradients.
+/// m and v on a virtual tier over the settings' paths (node_lock), driven by the update
+/// pipeline: alternating order, a resident set, lazy widening of the gradients. The fp32
+/// master params are the trainer's own (pipeline_options::master_params): the model computes
+/// in fp32, so the params need no second copy on the tier and each step moves 8 bytes per
+/// parameter each way instead of 12.
 std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s, std::size_t count);
 
 /// Layer blocks from a pool; finished blocks go to Spillway's activation stash over a file

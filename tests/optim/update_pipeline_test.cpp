@@ -820,6 +820,239 @@ TEST_CASE("a corrupted or truncated save is refused, naming the subgroup") {
     }
 }
 
+namespace {
+
+/// One pipeline with master_params over `tier` against the reference, K steps with an
+/// overflow in the middle: the caller's params and the state stay bit-identical, and every
+/// call moves 8 bytes per parameter of the subgroups it reads and writes.
+template <class Grad, class Tier>
+void run_master_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path, const char* what) {
+    CAPTURE(what);
+    CAPTURE(buffers);
+    CAPTURE(static_cast<int>(order));
+    CAPTURE(static_cast<int>(path));
+    auto init = make_params(params_total, 13);
+    std::vector<float> params(params_total, 0.0f);  // the constructor copies init here
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
+                        .adam = test_adam(), .max_grad_norm = 2.0};
+    pipeline_options opt;
+    opt.order = order;
+    opt.resident = buffers > 3 ? resident_policy::keep_last_updated : resident_policy::none;
+    opt.gradients = path;
+    opt.master_params = params;
+    update_pipeline<Tier, Grad, float> pipe(tier, cfg, init, opt);
+    CHECK(bits_equal(params, init));
+    CHECK(pipe.host_buffer_bytes() >= buffers * 8 * subgroup);
+    reference<Grad, float> ref(init, 2.0);
+    const float scale = std::is_same_v<Grad, float16> ? 256.0f : 1.0f;
+    const std::size_t n = pipe.subgroup_count();
+    const std::size_t r = pipe.resident_capacity();
+    for (int k = 0; k < 5; ++k) {
+        bool overflow = k == 2;
+        auto g = make_grads<Grad>(params_total, 200 + static_cast<unsigned>(k), scale, overflow);
+        auto before = params;
+        // Every other call passes the params as copy_out (the same span), the others none.
+        std::span<float> out = k % 2 ? std::span<float>(params) : std::span<float>();
+        auto res = pipe.update(g, out, update_args{.grad_scale = scale});
+        REQUIRE(res == ref.step(g, scale));
+        if (res == step_result::skipped_overflow) {
+            CHECK(bits_equal(params, before));
+            continue;
+        }
+        CHECK_MESSAGE(bits_equal(params, ref.p), "params differ after step " << k);
+        const auto& st = pipe.last_stats();
+        std::uint64_t state = 0;  // bytes of m and v of the subgroups read
+        for (std::size_t s = 0; s < n; ++s) state += 8 * pipe.subgroup_elements(s);
+        if (path == gradient_path::lazy_widening && r == 0) {
+            CHECK(st.bytes_read == state);
+            CHECK(st.bytes_written == state);
+        }
+        CHECK(st.bytes_written <= state);
+    }
+    check_state(pipe, ref);
+}
+
+}  // namespace
+
+TEST_CASE("master params in the caller's memory: bit-identical, 8 bytes per parameter on the tier") {
+    for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
+        tier_box box(kind);
+        box.visit([&](auto& tier) {
+            for (auto order : {subgroup_order::alternating, subgroup_order::ascending})
+                for (std::size_t buffers : {3u, 5u, 14u})
+                    run_master_equivalence<bfloat16>(tier, order, buffers, gradient_path::lazy_widening, kind_name(kind));
+            run_master_equivalence<float16>(tier, subgroup_order::alternating, 4, gradient_path::lazy_widening, kind_name(kind));
+            run_master_equivalence<float>(tier, subgroup_order::alternating, 6, gradient_path::lazy_widening, kind_name(kind));
+            run_master_equivalence<float16>(tier, subgroup_order::ascending, 3, gradient_path::fp32_on_tier, kind_name(kind));
+            CHECK_MESSAGE(tier.used() == 0, "pipelines left blobs on " << kind_name(kind));
+        });
+    }
+    // The exact traffic with a resident set: 8 bytes per parameter of n - R subgroups.
+    const std::size_t n = 10, count = n * subgroup;
+    auto init = make_params(count, 5);
+    std::vector<float> params = init;
+    host_tier tier;
+    pipeline_options opt;
+    opt.master_params = params;
+    update_pipeline<host_tier, bfloat16, float> pipe(
+        tier, {.param_count = count, .subgroup_size = subgroup, .host_buffers = 6, .adam = test_adam()}, params, opt);
+    CHECK(tier.used() == n * 8 * subgroup);
+    for (int k = 0; k < 3; ++k) {
+        REQUIRE(pipe.update(make_grads<bfloat16>(count, 9 + static_cast<unsigned>(k), 1.0f), params) == step_result::applied);
+        const std::size_t reads = k == 0 ? n : n - 3;
+        CHECK(pipe.last_stats().bytes_read == reads * 8 * subgroup);
+        CHECK(pipe.last_stats().bytes_written == (n - 3) * 8 * subgroup);
+    }
+}
+
+TEST_CASE("master params in the caller's memory: a fault loses nothing and a retry equals a clean run") {
+    const std::size_t count = params_total;
+    auto init = make_params(count, 23);
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam(),
+                        .max_grad_norm = 1.0};
+    for (auto op : {fault_op::read, fault_op::write}) {
+        for (std::uint64_t nth = 1; nth <= 10; ++nth) {
+            CAPTURE(nth);
+            CAPTURE(static_cast<int>(op));
+            faulty_tier<host_tier> tier;
+            std::vector<float> params = init;
+            pipeline_options opt;
+            opt.master_params = params;
+            update_pipeline<faulty_tier<host_tier>, float16, float> pipe(tier, cfg, init, opt);
+            reference<float16, float> ref(init, 1.0);
+            for (int k = 0; k < 4; ++k) {
+                auto g = make_grads<float16>(count, 400 + static_cast<unsigned>(k), 1.0f);
+                if (k == 1) tier.fail_nth(op, nth, EIO);
+                bool failed = false;
+                try {
+                    pipe.update(g, params);
+                } catch (const std::system_error& e) {
+                    failed = true;
+                    CHECK(std::string(e.what()).find("subgroup") != std::string::npos);
+                }
+                if (failed) {
+                    tier.clear_faults();
+                    CHECK(pipe.steps() == ref.steps);
+                    REQUIRE(pipe.update(g, params) == step_result::applied);
+                }
+                ref.step(g, 1.0f);
+                CHECK(bits_equal(params, ref.p));
+            }
+            check_state(pipe, ref);
+        }
+    }
+}
+
+TEST_CASE("master params in the caller's memory: saves restore into either kind of pipeline") {
+    test::temp_dir root("pipe-master-save");
+    const std::size_t count = params_total;
+    auto init = make_params(count, 61);
+    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
+    auto grads = [&](int k) { return make_grads<bfloat16>(count, 600 + static_cast<unsigned>(k), 1.0f); };
+
+    // A: master params in memory; B: the usual pipeline. Same steps, same bits.
+    std::vector<float> pa = init;
+    pipeline_options oa;
+    oa.master_params = pa;
+    host_tier ta, tb;
+    update_pipeline<host_tier, bfloat16, float> a(ta, cfg, init, oa);
+    update_pipeline<host_tier, bfloat16, float> b(tb, cfg, init);
+    std::vector<float> copy_b(count);
+    for (int k = 0; k < 3; ++k) {
+        a.update(grads(k), pa);
+        b.update(grads(k), copy_b);
+    }
+    REQUIRE(bits_equal(pa, copy_b));
+    a.save(root.path() / "from-master");
+    b.save(root.path() / "from-tier");
+    // The two saves are the same bytes (the format does not depend on the mode).
+    for (std::size_t s = 0; s < a.subgroup_count(); ++s) {
+        char name[48];
+        std::snprintf(name, sizeof name, "subgroup-%06zu.bin", s);
+        std::ifstream fa(root.path() / "from-master" / name, std::ios::binary), fb(root.path() / "from-tier" / name, std::ios::binary);
+        std::string xa((std::istreambuf_iterator<char>(fa)), {}), xb((std::istreambuf_iterator<char>(fb)), {});
+        CHECK_MESSAGE(xa == xb, "subgroup " << s << " saved differently");
+        CHECK(xa.size() == 12 * a.subgroup_elements(s));
+    }
+
+    // Cross restores: the usual save into a master pipeline (the params land in the caller's
+    // memory), the master save into a usual pipeline; both continue like A.
+    std::vector<float> pc(count, -7.0f);
+    pipeline_options oc;
+    oc.master_params = pc;
+    test::temp_dir fc("pipe-master-restore");
+    file_tier<> tc(fc.path());
+    auto c = update_pipeline<file_tier<>, bfloat16, float>::restore(root.path() / "from-tier", tc, cfg, oc);
+    CHECK(bits_equal(pc, pa));
+    host_tier td;
+    auto d = update_pipeline<host_tier, bfloat16, float>::restore(root.path() / "from-master", td, cfg);
+    std::vector<float> copy_d(count);
+    for (int k = 3; k < 6; ++k) {
+        a.update(grads(k), pa);
+        c.update(grads(k), pc);
+        d.update(grads(k), copy_d);
+        CHECK(bits_equal(pa, pc));
+        CHECK(bits_equal(pa, copy_d));
+    }
+    std::vector<float> m1(subgroup), m2(subgroup), v1(subgroup), v2(subgroup);
+    a.read_state(2, {}, m1, v1);
+    d.read_state(2, {}, m2, v2);
+    CHECK(bits_equal(m1, m2));
+    CHECK(bits_equal(v1, v2));
+
+    // A damaged save is refused and the caller's params stay as they were.
+    {
+        std::fstream f(root.path() / "from-master" / "subgroup-000004.bin", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(8);
+        f.write("xxxx", 4);
+    }
+    std::vector<float> pe(count, 3.0f);
+    const auto pe_before = pe;
+    pipeline_options oe;
+    oe.master_params = pe;
+    host_tier te;
+    try {
+        auto e = update_pipeline<host_tier, bfloat16, float>::restore(root.path() / "from-master", te, cfg, oe);
+        FAIL("a corrupted save was restored");
+    } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()).find("subgroup 4 is corrupted") != std::string::npos);
+    }
+    CHECK(bits_equal(pe, pe_before));
+    CHECK(te.used() == 0);
+}
+
+TEST_CASE("master params in the caller's memory: bad uses are refused up front") {
+    auto init = make_params(params_total, 71);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 3, .adam = test_adam()};
+    host_tier tier;
+    std::vector<float> params = init, other(params_total);
+    pipeline_options opt;
+    opt.master_params = params;
+    // A 16-bit compute copy cannot hold the master params.
+    try {
+        update_pipeline<host_tier, float16, float16> p(tier, cfg, init, opt);
+        FAIL("master_params with an fp16 copy was accepted");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("ParamCopy = float") != std::string::npos);
+    }
+    // The wrong size, naming both counts.
+    pipeline_options small = opt;
+    small.master_params = std::span<float>(params).first(params_total - 1);
+    try {
+        update_pipeline<host_tier, float16, float> p(tier, cfg, init, small);
+        FAIL("a short master_params was accepted");
+    } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find(std::to_string(params_total - 1)) != std::string::npos);
+    }
+    CHECK(tier.used() == 0);
+    // copy_out that is not master_params.
+    update_pipeline<host_tier, float16, float> p(tier, cfg, init, opt);
+    auto g = make_grads<float16>(params_total, 1, 1.0f);
+    CHECK_THROWS_AS(p.update(g, other), std::invalid_argument);
+    CHECK(p.steps() == 0);
+    CHECK(bits_equal(params, init));
+}
+
 TEST_CASE("crc32c: known value, and the hardware and table paths agree") {
     const char* s = "123456789";
     CHECK(detail::crc32c(std::as_bytes(std::span(s, 9))) == 0xe3069283u);

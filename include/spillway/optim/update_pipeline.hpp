@@ -2,7 +2,8 @@
 //
 // update_pipeline<Tier, Grad, ParamCopy> keeps the AdamW state of `param_count` parameters
 // (fp32 master params, fp32 m and v) on a storage tier, split into subgroups of
-// `subgroup_size` elements, one blob per subgroup (params | m | v, 12 bytes per element)
+// `subgroup_size` elements, one blob per subgroup (params | m | v, 12 bytes per element; m | v
+// when the master params stay in the caller's fp32 memory, pipeline_options::master_params)
 // stored as pieces of pipeline_config::piece_bytes under the keys "<prefix>-<i>",
 // "<prefix>-<i>.1", ... The trainer keeps its gradients (Grad: float16, bfloat16 or float) and
 // its compute copy of the params (ParamCopy: float16, bfloat16 or float) in host memory; one
@@ -33,8 +34,14 @@
 //   min(R, N) subgroups fewer than N. With the alternating order they are the first ones the
 //   next call visits, so their buffers return to the pool at once.
 // - Buffers: host_buffers aligned_buffers of 12 * subgroup_size bytes (16 with
-//   gradient_path::fp32_on_tier), allocated once, optionally mlock()ed; nothing else of
-//   that size is allocated per call.
+//   gradient_path::fp32_on_tier; 4 fewer with master_params), allocated once, optionally
+//   mlock()ed; nothing else of that size is allocated per call.
+// - Master params in the caller's memory (pipeline_options::master_params, for an fp32
+//   compute copy): the tier holds m and v only (8 bytes per parameter), the Adam step
+//   updates the caller's params in place, and everything above holds with "the state"
+//   meaning those params plus m and v. A save holds params, m and v either way, so a save
+//   restores into a pipeline of either kind; a refused save leaves the caller's params as
+//   they were.
 // - The pipeline holds the tier by reference (the caller keeps it alive and does not touch
 //   the pipeline's keys); the destructor erases the pipeline's blobs.
 // - Not thread-safe: one thread drives a pipeline; the tier and the thread pool may be shared.
@@ -189,6 +196,16 @@ struct pipeline_options {
     /// How gradients reach the Adam step (see gradient_path).
     gradient_path gradients = gradient_path::lazy_widening;
     std::string key_prefix = "optim";        ///< tier keys are "<prefix>-<i>" (and "<prefix>-<i>.grad")
+    /// Where the fp32 master params live. Empty (the default): on the tier with m and v (12
+    /// bytes per parameter), and update() writes the compute copy into its copy_out. Set to
+    /// the caller's param_count fp32 params (only with ParamCopy = float: a trainer whose
+    /// compute copy is fp32 holds the master params in memory anyway): the tier holds m and v
+    /// only (8 bytes per parameter, a third less traffic per update and smaller buffers),
+    /// update() updates these params in place (its copy_out must be empty or this same
+    /// span), save() takes them from here and restore() puts the saved ones here. The save
+    /// format is the same either way. The caller keeps this memory alive and changes it only
+    /// through the pipeline (as it would an in-memory optimizer's params).
+    std::span<float> master_params{};
     thread_pool* pool = nullptr;     ///< Adam's threads; nullptr: the shared pool
     trace::recorder* recorder = nullptr;     ///< timeline (tracks "reads", "compute", "writes")
 };
@@ -463,6 +480,9 @@ public:
                      << "step " << steps_ << "\n"
                      << "iteration " << iteration_ << "\n";
             std::size_t scratch = scratch_buffer();
+            // With master_params a save still holds params, m and v: assembled here.
+            aligned_buffer whole;
+            if (master_in_caller()) whole = aligned_buffer(3 * sizeof(float) * cfg_.subgroup_size);
             for (std::size_t s = 0; s < n_; ++s) {
                 std::span<const std::byte> bytes;
                 if (resident_of_[s] >= 0) {
@@ -470,6 +490,13 @@ public:
                 } else {
                     auto out = bufs_[scratch].mem.bytes().first(blob_bytes(s));
                     read_now(s, out);
+                    bytes = out;
+                }
+                if (master_in_caller()) {
+                    auto params = std::as_bytes(opts_.master_params.subspan(s * cfg_.subgroup_size, subgroup_elements(s)));
+                    auto out = whole.bytes().first(saved_blob_bytes(s));
+                    std::memcpy(out.data(), params.data(), params.size());
+                    std::memcpy(out.data() + params.size(), bytes.data(), bytes.size());
                     bytes = out;
                 }
                 auto crc = detail::crc32c(bytes);
@@ -498,8 +525,13 @@ public:
     [[nodiscard]] std::size_t subgroup_elements(std::size_t s) const noexcept {
         return std::min(cfg_.subgroup_size, cfg_.param_count - s * cfg_.subgroup_size);
     }
-    /// Bytes of subgroup s's state blob (12 per parameter).
-    [[nodiscard]] std::size_t blob_bytes(std::size_t s) const noexcept { return 3 * sizeof(float) * subgroup_elements(s); }
+    /// Bytes of subgroup s's state blob on the tier: 12 per parameter (params, m, v), 8 (m, v)
+    /// with pipeline_options::master_params.
+    [[nodiscard]] std::size_t blob_bytes(std::size_t s) const noexcept {
+        return state_floats() * sizeof(float) * subgroup_elements(s);
+    }
+    /// Whether the master params live in the caller's memory (pipeline_options::master_params).
+    [[nodiscard]] bool master_in_caller() const noexcept { return !opts_.master_params.empty(); }
     /// The most subgroups kept resident between calls.
     [[nodiscard]] std::size_t resident_capacity() const noexcept {
         return opts_.resident == resident_policy::keep_last_updated ? std::min(cfg_.host_buffers - cfg_.streaming_buffers, n_)
@@ -540,24 +572,32 @@ public:
         expect_argument(s < n_, "update_pipeline::read_state: subgroup " + std::to_string(s) + " out of range (" +
                                     std::to_string(n_) + " subgroups)");
         const std::size_t c = subgroup_elements(s);
-        const float* src;
-        if (resident_of_[s] >= 0) {
+        const float* src = nullptr;
+        if (master_in_caller() && m.empty() && v.empty()) {
+            // Only the params, which are the caller's: no read.
+        } else if (resident_of_[s] >= 0) {
             src = bufs_[static_cast<std::size_t>(resident_of_[s])].mem.template as<float>().data();
         } else {
             std::size_t b = scratch_buffer();
             read_now(s, bufs_[b].mem.bytes().first(blob_bytes(s)));
             src = bufs_[b].mem.template as<float>().data();
         }
-        auto put = [&](std::span<float> out, std::size_t section, const char* what) {
+        auto put = [&](std::span<float> out, const float* from, const char* what) {
             if (out.empty()) return;
             expect_argument(out.size() == c, std::string("update_pipeline::read_state: ") + what + " has " +
                                                  std::to_string(out.size()) + " elements, subgroup " + std::to_string(s) +
                                                  " has " + std::to_string(c));
-            std::memcpy(out.data(), src + section * c, c * sizeof(float));
+            std::memcpy(out.data(), from, c * sizeof(float));
         };
-        put(params, 0, "params");
-        put(m, 1, "m");
-        put(v, 2, "v");
+        if (master_in_caller()) {
+            put(params, opts_.master_params.data() + s * cfg_.subgroup_size, "params");
+            put(m, src, "m");
+            put(v, src + c, "v");
+        } else {
+            put(params, src, "params");
+            put(m, src + c, "m");
+            put(v, src + 2 * c, "v");
+        }
     }
     /// All fp32 master params (param_count elements).
     void read_params(std::span<float> out) {
@@ -629,6 +669,14 @@ private:
                         "update_pipeline: piece_bytes is " + std::to_string(cfg_.piece_bytes) +
                             "; it must be a positive multiple of 4096");
         expect_argument(cfg_.pieces_in_flight > 0, "update_pipeline: pieces_in_flight must be > 0");
+        if (master_in_caller()) {
+            expect_argument(std::is_same_v<ParamCopy, float>,
+                            "update_pipeline: master_params needs an fp32 compute copy (ParamCopy = float); with a "
+                            "16-bit copy the master params must live on the tier");
+            expect_argument(opts_.master_params.size() == cfg_.param_count,
+                            "update_pipeline: master_params has " + std::to_string(opts_.master_params.size()) +
+                                " elements but param_count is " + std::to_string(cfg_.param_count));
+        }
         n_ = (cfg_.param_count + cfg_.subgroup_size - 1) / cfg_.subgroup_size;
         keys_.reserve(n_);
         piece_keys_.resize(n_);
@@ -644,7 +692,7 @@ private:
                 expect_argument(!tier_.contains(k), "update_pipeline: the tier '" + std::string(tier_.name()) +
                                                         "' already holds key " + spillway::quoted(k) +
                                                         " (another pipeline with the same key_prefix?)");
-        std::size_t nbytes = 3 * sizeof(float) * cfg_.subgroup_size;
+        std::size_t nbytes = state_floats() * sizeof(float) * cfg_.subgroup_size;
         if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
         bufs_.resize(cfg_.host_buffers);
         for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock, default_alignment, buffer_fill::zeroed, cfg_.pages);
@@ -662,14 +710,20 @@ private:
     }
 
     void initialise(std::span<const float> params) {
+        if (master_in_caller() && params.data() != opts_.master_params.data())
+            std::copy(params.begin(), params.end(), opts_.master_params.begin());
         // Pipelined: fill a free buffer, issue its write; wait for the oldest when none is free.
         for (std::size_t s = 0; s < n_; ++s) {
             std::size_t b = take_free_buffer(nullptr);
             auto& buf = bufs_[b];
             const std::size_t c = subgroup_elements(s);
             float* f = buf.mem.template as<float>().data();
-            std::memcpy(f, params.data() + s * cfg_.subgroup_size, c * sizeof(float));
-            std::memset(f + c, 0, 2 * c * sizeof(float));
+            float* mv = f;  // m and v: after the params, or the whole blob
+            if (!master_in_caller()) {
+                std::memcpy(f, params.data() + s * cfg_.subgroup_size, c * sizeof(float));
+                mv = f + c;
+            }
+            std::memset(mv, 0, 2 * c * sizeof(float));
             buf.sg = static_cast<std::ptrdiff_t>(s);
             buf.version = 0;
             buf.dirty = true;
@@ -718,7 +772,7 @@ private:
             std::size_t id = 0, nbytes = 0;
             std::uint64_t crc = 0;
             in >> k >> id >> nbytes >> crc;
-            if (!in || k != "subgroup" || id != s || nbytes != blob_bytes(s) || crc > 0xffffffffu)
+            if (!in || k != "subgroup" || id != s || nbytes != saved_blob_bytes(s) || crc > 0xffffffffu)
                 throw std::runtime_error("update_pipeline::restore: manifest entry of subgroup " + std::to_string(s) +
                                          " is missing or malformed in " + dir.string());
             crcs[s] = static_cast<std::uint32_t>(crc);
@@ -726,11 +780,11 @@ private:
         std::string end;
         in >> end;
         if (end != "end") throw std::runtime_error("update_pipeline::restore: manifest in " + dir.string() + " is truncated");
-        // Then each subgroup: size, checksum, write to the tier.
-        for (std::size_t s = 0; s < n_; ++s) {
-            std::size_t b = take_free_buffer(nullptr);
-            auto& buf = bufs_[b];
-            auto bytes = buf.mem.bytes().first(blob_bytes(s));
+        // Then each subgroup: size, checksum, write to the tier. With master_params a first
+        // pass checks every file before the caller's params change (a refused save leaves
+        // them as they were); the second puts the params there and m and v on the tier.
+        aligned_buffer whole;
+        auto read_checked = [&](std::size_t s, std::span<std::byte> bytes) {
             auto path = dir / file_name(s);
             std::size_t got = detail::read_file(path, bytes, "update_pipeline::restore of subgroup " + std::to_string(s));
             if (got != bytes.size())
@@ -741,6 +795,23 @@ private:
                 throw std::runtime_error("update_pipeline::restore: subgroup " + std::to_string(s) +
                                          " is corrupted: the CRC-32C of " + path.string() +
                                          " does not match the manifest");
+        };
+        if (master_in_caller()) {
+            whole = aligned_buffer(3 * sizeof(float) * cfg_.subgroup_size);
+            for (std::size_t s = 0; s < n_; ++s) read_checked(s, whole.bytes().first(saved_blob_bytes(s)));
+        }
+        for (std::size_t s = 0; s < n_; ++s) {
+            std::size_t b = take_free_buffer(nullptr);
+            auto& buf = bufs_[b];
+            if (master_in_caller()) {
+                auto bytes = whole.bytes().first(saved_blob_bytes(s));
+                read_checked(s, bytes);
+                const std::size_t params = sizeof(float) * subgroup_elements(s);
+                std::memcpy(opts_.master_params.data() + s * cfg_.subgroup_size, bytes.data(), params);
+                std::memcpy(buf.mem.data(), bytes.data() + params, blob_bytes(s));
+            } else {
+                read_checked(s, buf.mem.bytes().first(blob_bytes(s)));
+            }
             buf.sg = static_cast<std::ptrdiff_t>(s);
             buf.version = step;
             buf.dirty = true;
@@ -872,8 +943,11 @@ private:
         const std::size_t c = subgroup_elements(s);
         const std::size_t off = s * cfg_.subgroup_size;
         auto f = buf.mem.template as<float>();
-        std::span<float> p = f.subspan(0, c), m = f.subspan(c, c), v = f.subspan(2 * c, c);
+        const std::size_t m_at = master_in_caller() ? 0 : c;  // where m starts in the blob
+        std::span<float> p = master_in_caller() ? opts_.master_params.subspan(off, c) : f.subspan(0, c);
+        std::span<float> m = f.subspan(m_at, c), v = f.subspan(m_at + c, c);
         std::span<ParamCopy> out = copy_out.empty() ? std::span<ParamCopy>{} : copy_out.subspan(off, c);
+        if (static_cast<const void*>(out.data()) == static_cast<const void*>(p.data())) out = {};  // in place
         std::optional<trace::scoped_event> ev;
         if (opts_.recorder && opts_.recorder->enabled())
             ev.emplace(opts_.recorder, tr_compute_, "adam " + std::to_string(s), "compute");
@@ -890,7 +964,7 @@ private:
                 auto pc = p.subspan(lo, k), mc = m.subspan(lo, k), vc = v.subspan(lo, k);
                 auto oc = adam_out.empty() ? adam_out : adam_out.subspan(lo, k);
                 if (opts_.gradients == gradient_path::fp32_on_tier) {
-                    std::span<const float> g = f.subspan(3 * c + lo, k);
+                    std::span<const float> g = f.subspan(state_floats() * c + lo, k);
                     if constexpr (std::is_same_v<ParamCopy, float>)
                         r = adamw_step<float>(cfg_.adam, args, pc, mc, vc, g, std::span<float16>{}, opts_.pool);
                     else
@@ -1014,7 +1088,7 @@ private:
         auto& buf = bufs_[b];
         const std::size_t c = subgroup_elements(s);
         if (buf.gop.valid()) return;
-        buf.gop = tier_.read(grad_keys_[s], buf.mem.bytes().subspan(3 * c * sizeof(float), c * sizeof(float)));
+        buf.gop = tier_.read(grad_keys_[s], buf.mem.bytes().subspan(state_floats() * c * sizeof(float), c * sizeof(float)));
     }
 
     void wait_read(std::size_t b) {
@@ -1243,7 +1317,7 @@ private:
             settle(b);  // the write issued len(usable) subgroups ago
             const std::size_t c = subgroup_elements(s);
             auto g = grads.subspan(s * cfg_.subgroup_size, c);
-            auto f = bufs_[b].mem.template as<float>().subspan(3 * c, c);
+            auto f = bufs_[b].mem.template as<float>().subspan(state_floats() * c, c);
             if constexpr (std::is_same_v<Grad, float>) std::memcpy(f.data(), g.data(), c * sizeof(float));
             else widen(g, f);
             holder[b] = static_cast<std::ptrdiff_t>(s);
@@ -1263,7 +1337,16 @@ private:
         expect_argument(copy_out.empty() || copy_out.size() == cfg_.param_count,
                         "update_pipeline::update: copy_out has " + std::to_string(copy_out.size()) +
                             " elements, expected param_count " + std::to_string(cfg_.param_count) + " (or none)");
+        expect_argument(!master_in_caller() || copy_out.empty() ||
+                            static_cast<const void*>(copy_out.data()) == static_cast<const void*>(opts_.master_params.data()),
+                        "update_pipeline::update: copy_out is not master_params; with master_params the update "
+                        "writes the params in place (pass master_params or nothing)");
     }
+
+    // Floats per parameter in a state blob: params, m, v; or m, v with master_params.
+    [[nodiscard]] std::size_t state_floats() const noexcept { return master_in_caller() ? 2 : 3; }
+    // Bytes of subgroup s in a save (params, m, v, whatever the mode).
+    [[nodiscard]] std::size_t saved_blob_bytes(std::size_t s) const noexcept { return 3 * sizeof(float) * subgroup_elements(s); }
 
     static void check_grad_scale(float grad_scale) {
         expect_argument(std::isfinite(grad_scale) && grad_scale > 0,
