@@ -26,15 +26,16 @@
 //    vs_none_max their spread, vs_none_pairs their count): on a machine whose speed drifts
 //    over minutes, a ratio of two adjacent runs is what stays meaningful. Other counters come
 //    from the row's first run. The `optimizer` and `all` rows (1 rank) also carry the goal's
-//    premise ("when the paths' bandwidth suffices"): path_bytes_per_step (the optimizer state on the path, m and v, and
-//    with `all` every layer's activations, each written and read once), path_floor_ms (those
+//    premise ("when the paths' bandwidth suffices"): path_bytes_per_step (the optimizer
+//    state on the path, m and v, and with `all` every layer's activations, each written and
+//    read once), path_floor_ms (those
 //    bytes over the path's measured write and read bandwidth; opt_io_floor_ms: the optimizer
 //    state's part), path_needed_bytes_per_s (the bytes over the paired `none` runs' step) and
 //    bandwidth_suffices (1 when path_floor_ms is below that step).
 //  - step/gpt2_124M_shm/all/ranks:1 and step/default_shm/all/ranks:1: the `all` runs with their
 //    paths on /dev/shm, where the bandwidth suffices (the disk of the development machine
-//    moves about 0.25-1 GB/s; a 124M step moves about 2.3 GB); vs_none against the `none` row
-//    of the same model. The bytes really go through file tiers, on a memory file system (on 2
+//    moves about 0.25-1 GB/s; a 124M step moves about 2.3 GB); vs_none against `none` runs
+//    of the same model (they touch no path). The bytes really go through file tiers, on a memory file system (on 2
 //    cores its copies take CPU time from the compute, as a disk's DMA would not).
 //  - 2 ranks: `mpirun -np 2` (with --oversubscribe, and --allow-run-as-root as root) on the
 //    mini_gpt binary with --json and one thread per rank, so both rows use 2 threads.
@@ -54,7 +55,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -192,7 +192,6 @@ struct series_run {
     std::size_t act_peak_bytes = 0;
 };
 std::vector<series_run> series;
-std::map<std::string, double> none_step_ms;  // "<config>/ranks:<P>" -> the none row's median step
 
 mini_gpt::options run_options(bool gpt2_124m, offload_mode mode, const offload_path& path) {
     mini_gpt::options o;
@@ -311,10 +310,9 @@ void train_step(benchmark::State& state, const row& r) {
         return;
     }
     const mini_gpt::options o = run_options(gpt2_124m, mode, path);
-    // The shm rows compare against the `none` row of the same model (none touches no path).
+    // The shm rows pair with `none` runs of the same model (none touches no path).
     const std::string model = gpt2_124m ? "gpt2_124M" : "default";
     const std::string config = model + (r.on_shm ? "_shm" : "");
-    const std::string key = model + "/ranks:" + std::to_string(ranks);
     for (auto _ : state) {
         // The limit again, right before and after the run: the machines are shared, so a
         // ratio is only meaningful against a limit measured under the same load.
@@ -329,7 +327,10 @@ void train_step(benchmark::State& state, const row& r) {
         std::vector<double> row_s, none_s, ratios;
         try {
             for (int k = 0; k < pairs; ++k) {
-                if (mode != offload_mode::none) none_s.push_back(median(after_first(run_once(none_o, ranks, nullptr).step_ms)) / 1e3);
+                if (mode != offload_mode::none) {
+                    const series_run reference = run_once(none_o, ranks, nullptr);
+                    none_s.push_back(median(after_first(reference.step_ms)) / 1e3);
+                }
                 mini_gpt::run_report this_rep;
                 series_run this_run = run_once(o, ranks, &this_rep);
                 row_s.push_back(median(after_first(this_run.step_ms)) / 1e3);
@@ -376,14 +377,11 @@ void train_step(benchmark::State& state, const row& r) {
             state.counters["update_ms"] = median(after_first(rep.update_ms));
             state.counters["io_wait_ms"] = median(after_first(rep.io_wait_ms));
         }
-        if (mode == offload_mode::none) {
-            none_step_ms[key] = step_s * 1e3;
-        } else {
+        if (!ratios.empty()) {
             state.counters["vs_none"] = median(ratios);
             state.counters["vs_none_pairs"] = static_cast<double>(ratios.size());
             state.counters["vs_none_min"] = *std::min_element(ratios.begin(), ratios.end());
             state.counters["vs_none_max"] = *std::max_element(ratios.begin(), ratios.end());
-            none_step_ms[key + "/paired"] = median(none_s) * 1e3;
         }
         if ((mode == offload_mode::optimizer || mode == offload_mode::all) && path.read_bps > 0 && ranks == 1) {
             // The bytes the step moves through the path, each way: m and v of every parameter
@@ -398,7 +396,7 @@ void train_step(benchmark::State& state, const row& r) {
             state.counters["path_floor_ms"] = floor_ms;
             // The goal's premise: the path moves the step's bytes within the `none` step time
             // (of the paired runs).
-            const double none_ms = none_step_ms[key + "/paired"];
+            const double none_ms = median(none_s) * 1e3;
             state.counters["path_needed_bytes_per_s"] = 2 * bytes / (none_ms / 1e3);
             state.counters["bandwidth_suffices"] = floor_ms <= none_ms ? 1 : 0;
         }
