@@ -30,8 +30,12 @@
 //    state on the path, m and v, and with `all` every layer's activations, each written and
 //    read once), path_floor_ms (those
 //    bytes over the path's measured write and read bandwidth; opt_io_floor_ms: the optimizer
-//    state's part), path_needed_bytes_per_s (the bytes over the paired `none` runs' step) and
-//    bandwidth_suffices (1 when path_floor_ms is below that step).
+//    state's part), path_needed_bytes_per_s (the bytes over the paired `none` runs' step),
+//    for `all` forward_write_floor_ms (the layers' activations over the path's write
+//    bandwidth) and forward_ms_none (the paired `none` runs' forward), and
+//    bandwidth_suffices (1 when path_floor_ms is below the `none` step and, for `all`,
+//    forward_write_floor_ms below the `none` forward: TBA's premise that the writes keep up
+//    with the forward that produces them).
 //  - step/gpt2_124M_shm/all/ranks:1 and step/default_shm/all/ranks:1: the `all` runs with their
 //    paths on /dev/shm, where the bandwidth suffices (the disk of the development machine
 //    moves about 0.25-1 GB/s; a 124M step moves about 2.3 GB); vs_none against `none` runs
@@ -324,12 +328,15 @@ void train_step(benchmark::State& state, const row& r) {
         const mini_gpt::options none_o = run_options(gpt2_124m, offload_mode::none, path);
         series_run run;
         mini_gpt::run_report rep;
-        std::vector<double> row_s, none_s, ratios;
+        std::vector<double> row_s, none_s, none_forward_ms, ratios;
         try {
             for (int k = 0; k < pairs; ++k) {
                 if (mode != offload_mode::none) {
-                    const series_run reference = run_once(none_o, ranks, nullptr);
+                    mini_gpt::run_report reference_rep;
+                    const series_run reference = run_once(none_o, ranks, &reference_rep);
                     none_s.push_back(median(after_first(reference.step_ms)) / 1e3);
+                    if (!reference_rep.forward_ms.empty())
+                        none_forward_ms.push_back(median(after_first(reference_rep.forward_ms)));
                 }
                 mini_gpt::run_report this_rep;
                 series_run this_run = run_once(o, ranks, &this_rep);
@@ -394,11 +401,23 @@ void train_step(benchmark::State& state, const row& r) {
             state.counters["opt_io_floor_ms"] = (state_bytes / path.read_bps + state_bytes / path.write_bps) * 1e3;
             state.counters["path_bytes_per_step"] = 2 * bytes;
             state.counters["path_floor_ms"] = floor_ms;
-            // The goal's premise: the path moves the step's bytes within the `none` step time
-            // (of the paired runs).
+            // The goal's premise, two conditions:
+            //   1. the path moves the step's bytes within the `none` step time (of the paired
+            //      runs);
+            //   2. with activations, the path writes the forward's offloaded activations within
+            //      the `none` forward time (TBA's rule: a layer is offloaded only when the
+            //      bandwidth keeps up with the forward that produces it; otherwise saves wait).
             const double none_ms = median(none_s) * 1e3;
             state.counters["path_needed_bytes_per_s"] = 2 * bytes / (none_ms / 1e3);
-            state.counters["bandwidth_suffices"] = floor_ms <= none_ms ? 1 : 0;
+            bool suffices = floor_ms <= none_ms;
+            if (act_bytes > 0 && !none_forward_ms.empty()) {
+                const double forward_write_ms = act_bytes / path.write_bps * 1e3;
+                const double forward_ms = median(none_forward_ms);
+                state.counters["forward_write_floor_ms"] = forward_write_ms;
+                state.counters["forward_ms_none"] = forward_ms;
+                suffices = suffices && forward_write_ms <= forward_ms;
+            }
+            state.counters["bandwidth_suffices"] = suffices ? 1 : 0;
         }
         series.push_back(std::move(run));
     }

@@ -12,17 +12,25 @@
 //         every later call (or, from a fast one, a path twice as fast as "half the disk").
 // Rows (each adds one idea to the previous one):
 //   1 baseline         DeepSpeed ZeRO-3 NVMe-like: ascending order, no resident set, fp32
-//                      gradients written to the tier in backward (hand-over) and read back
+//                      gradients written to the tier in backward (hand-over) and read back,
+//                      and DeepSpeed's pipelined swapper's three subgroups in host memory
+//                      (read i+1 || update i || write i-1, one subgroup deep each way): the
+//                      swapper has no use for the rest of the budget (budget_use)
 //   2 +lazy_widening   fp16 gradients stay in host memory, widened inside the Adam step;
 //                      backward's hand-over is only the gradient check (sum of squares,
 //                      overflow), as the baseline's hand-over also checks them first
 //   3 +alternating     alternating order, the 29 spare buffers keep subgroups resident
+//                      (the streaming stays the three buffers of rows 1 and 2)
 //   4 +second_path     virtual tier over disk and shm (placement fixed at the bandwidths
 //                      measured here, 2:1: the adaptive estimate swung from call to call
 //                      on the shared disk and moved most keys back and forth),
 //                      thread_lock: one read and one write per path at a time
 //   5 +node_lock_2proc two worker processes, each half the parameters and half the buffers,
 //                      sharing both paths under node_lock (one reader and one writer per path)
+//   6 baseline_read_ahead  a reference outside the ablation: the baseline with every buffer of
+//                      the budget streaming, so its reads run up to the whole budget ahead
+//                      (more than DeepSpeed's swapper does); every row's counter
+//                      speedup_vs_read_ahead is against it, per round like `speedup`
 // Noise: the disk is shared (the same call took 3.8 s in one round and 20 s in another), so
 // every row is built first (its state initialised on its own files), the disk settles after
 // those writes (see the phase), and then the rows are
@@ -325,12 +333,25 @@ std::size_t streaming_buffers() {
     return static_cast<std::size_t>(std::clamp(env_long("SPILLWAY_UPDATE_PHASE_STREAMING", 3), 3L, 16L));
 }
 
-pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buffer_bytes, const pipeline_options& opt) {
+/// How a row spends the host-buffer budget.
+enum class budget_use {
+    /// DeepSpeed's pipelined swapper: three subgroups in host memory (the one being read, the
+    /// one being updated, the one being written: read i+1 || update i || write i-1, one
+    /// subgroup deep each way); it has no use for the rest of the budget.
+    swapper_three,
+    /// Every buffer the budget holds: the resident set (after the streaming buffers), or,
+    /// with resident_policy::none, read-ahead as deep as the budget.
+    whole_budget,
+};
+
+pipeline_config config_for(const shape& sh, std::size_t params, std::size_t buffer_bytes, const pipeline_options& opt,
+                           budget_use use = budget_use::whole_budget) {
     const bool fp32 = opt.gradients == gradient_path::fp32_on_tier;
     pipeline_config cfg;
     cfg.param_count = params;
     cfg.subgroup_size = sh.subgroup_size;
     cfg.host_buffers = std::max<std::size_t>(3, buffer_bytes / ((fp32 ? 16 : 12) * sh.subgroup_size));
+    if (use == budget_use::swapper_three) cfg.host_buffers = std::min(cfg.host_buffers, streaming_buffers());
     cfg.pages = buffer_pages();
     // SPILLWAY_UPDATE_PHASE_PIECE_KIB and _WINDOW (pieces in flight per direction and path)
     // override the pipeline's I/O granularity (its defaults otherwise), the same for every row.
@@ -370,12 +391,13 @@ struct pipe_runner : runner {
     std::unique_ptr<trace::recorder> rec = std::make_unique<trace::recorder>(trace::recording::disabled);
     fs::path trace_file;
 
-    pipe_runner(std::unique_ptr<Tier> t, host_data& data, const shape& sh, const pipeline_options& options)
+    pipe_runner(std::unique_ptr<Tier> t, host_data& data, const shape& sh, const pipeline_options& options,
+                budget_use use = budget_use::whole_budget)
         : tier(std::move(t)) {
         auto opt = options;
         opt.recorder = rec.get();
         fp32 = opt.gradients == gradient_path::fp32_on_tier;
-        auto cfg = config_for(sh, sh.params(), sh.budget_bytes(), opt);
+        auto cfg = config_for(sh, sh.params(), sh.budget_bytes(), opt, use);
         pipe = std::make_unique<update_pipeline<Tier, float16>>(*tier, cfg, std::span<const float>(data.init), opt);
         grads = data.grads;
         copy = data.copy;
@@ -615,6 +637,7 @@ struct row_summary {
     double update_s = 0, read_wait_s = 0, compute_s = 0, write_wait_s = 0, handover_s = 0;
     double bytes_read = 0, bytes_written = 0, served = 0;
     double floor_s = 0, vs_limit = 0, speedup = 0, speedup_with_handover = 0;
+    double speedup_vs_read_ahead = 0;  // against row 6 (the baseline reading ahead through the whole budget)
     double disk_busy = 0, shm_busy = 0;  // medians of sample::disk_busy() and shm_busy()
 };
 
@@ -713,11 +736,13 @@ results& the_results() {
                 switch (id) {
                     case 1:
                         return build(1, "baseline", 2 * n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size), false, [&] {
-                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("baseline"), data, sh, base);
+                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("baseline"), data, sh, base,
+                                                                              budget_use::swapper_three);
                         });
                     case 2:
                         return build(2, "+lazy_widening", 2 * n * blob, false, [&] {
-                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("lazy"), data, sh, lazy);
+                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("lazy"), data, sh, lazy,
+                                                                              budget_use::swapper_three);
                         });
                     case 3:
                         return build(3, "+alternating_resident", 2 * (n - resident) * blob, false, [&] {
@@ -737,6 +762,13 @@ results& the_results() {
                             opt.key_prefix = "second";
                             return std::make_unique<pipe_runner<two_path_tier_thread>>(std::move(vt), data, sh, opt);
                         });
+                    case 6:
+                        return build(6, "baseline_read_ahead", 2 * n * blob + n * 4.0 * static_cast<double>(sh.subgroup_size), false, [&] {
+                            auto opt = base;
+                            opt.key_prefix = "read_ahead";
+                            return std::make_unique<pipe_runner<file_tier<>>>(disk_tier("read_ahead"), data, sh, opt,
+                                                                              budget_use::whole_budget);
+                        });
                     default: {
                         auto r = build(5, node_lock_row, 2 * (n - 2 * worker_resident) * blob, true,
                                        [&] { return std::make_unique<two_process_runner>(data, sh, p, bw); });
@@ -748,8 +780,11 @@ results& the_results() {
             // A phase builds its rows (the baseline always among them), then runs rounds: call 0
             // warms up (it reads every subgroup); then each timed round calls every row once,
             // between measurements of the disk. Two phases keep the host memory in use bounded.
-            out.rows.resize(5);
-            auto phase = [&](std::vector<int> ids, bool keep_baseline) {
+            out.rows.resize(6);
+            // `ids`: the rows a phase builds and calls (the baseline first; the read-ahead
+            // baseline, row 6, where present, is the second reference); `record`: those whose
+            // results it keeps (the references also run in the other phase, for the pairing).
+            auto phase = [&](std::vector<int> ids, std::vector<int> record) {
             // Row 5 forks its worker processes: build it first, before this process allocates
             // the other rows' pipeline buffers. Memory allocated before a fork() is shared
             // copy-on-write with the children, and the first write to a shared huge page (a
@@ -825,6 +860,8 @@ results& the_results() {
                 std::fprintf(stderr, "[update_phase] round %d done\n", round);
             }
             const auto& b = *rows[0];
+            const auto six = std::find(ids.begin(), ids.end(), 6);
+            const runner* ahead = six == ids.end() ? nullptr : rows[static_cast<std::size_t>(six - ids.begin())].get();
             out.disk_totals.insert(out.disk_totals.end(), disk_totals.begin(), disk_totals.end());
             for (std::size_t ri = 0; ri < rows.size(); ++ri) {
                 auto& r = rows[ri];
@@ -848,7 +885,7 @@ results& the_results() {
                     s.served = med([](const sample& x) { return x.served; });
                     s.disk_busy = med([](const sample& x) { return x.disk_busy(); });
                     s.shm_busy = med([](const sample& x) { return x.shm_busy(); });
-                    std::vector<double> floors, vs, sp, sph;
+                    std::vector<double> floors, vs, sp, sph, spa;
                     for (std::size_t k = 0; k < r->samples.size(); ++k) {
                         double agg = r->samples[k].disk + r->samples[k].shm;
                         double fl = r->traffic / agg;
@@ -859,17 +896,21 @@ results& the_results() {
                             sph.push_back((b.samples[k].secs + b.samples[k].handover) /
                                           (r->samples[k].secs + r->samples[k].handover));
                         }
+                        if (ahead && ahead->error.empty() && k < ahead->samples.size())
+                            spa.push_back(ahead->samples[k].secs / r->samples[k].secs);
                     }
                     s.floor_s = median(floors);
                     s.vs_limit = median(vs);
                     s.speedup = median(sp);
                     s.speedup_with_handover = median(sph);
+                    if (!spa.empty()) s.speedup_vs_read_ahead = median(spa);
                 }
-                if (ids[ri] != 1 || keep_baseline) out.rows[static_cast<std::size_t>(ids[ri] - 1)] = s;
+                if (std::find(record.begin(), record.end(), ids[ri]) != record.end())
+                    out.rows[static_cast<std::size_t>(ids[ri] - 1)] = s;
             }
             };
-            phase({1, 2, 3}, true);
-            phase({1, 4, 5}, false);
+            phase({1, 6, 2, 3}, {1, 6, 2, 3});
+            phase({1, 6, 4, 5}, {4, 5});
         } catch (const std::exception& e) {
             out.error = e.what();
         }
@@ -999,7 +1040,9 @@ void report_row(benchmark::State& state, std::size_t index) {
     state.counters["handover_s"] = r.handover_s;
     state.counters["bytes_read"] = r.bytes_read;
     state.counters["bytes_written"] = r.bytes_written;
-    state.counters["bytes_moved"] = r.bytes_read + r.bytes_written + (index == 0 ? 4.0 * static_cast<double>(res.sh.params()) : 0.0);
+    // The two baselines also write fp32 gradients to the tier (backward's hand-over).
+    const bool fp32_grads = index == 0 || index == 5;
+    state.counters["bytes_moved"] = r.bytes_read + r.bytes_written + (fp32_grads ? 4.0 * static_cast<double>(res.sh.params()) : 0.0);
     state.counters["served_resident"] = r.served;
     state.counters["disk_busy"] = r.disk_busy;
     if (r.shm_busy > 0) state.counters["shm_busy"] = r.shm_busy;
@@ -1007,6 +1050,7 @@ void report_row(benchmark::State& state, std::size_t index) {
         state.counters["speedup"] = r.speedup;
         state.counters["speedup_with_handover"] = r.speedup_with_handover;
     }
+    if (r.speedup_vs_read_ahead > 0) state.counters["speedup_vs_read_ahead"] = r.speedup_vs_read_ahead;
     state.counters["floor_s"] = r.floor_s;
     state.counters["vs_limit"] = r.vs_limit;
     state.counters["state_GiB"] = 12.0 * static_cast<double>(res.sh.params()) / static_cast<double>(1u << 30);
@@ -1022,7 +1066,8 @@ void report_row(benchmark::State& state, std::size_t index) {
 
 int main(int argc, char** argv) {
     benchmark::Initialize(&argc, argv);
-    const char* names[] = {"baseline", "+lazy_widening", "+alternating_resident", "+second_path", "+node_lock_2proc"};
+    const char* names[] = {"baseline",     "+lazy_widening",   "+alternating_resident",
+                           "+second_path", "+node_lock_2proc", "baseline_read_ahead"};
     for (std::size_t i = 0; i < std::size(names); ++i)
         benchmark::RegisterBenchmark((std::string("update_phase/") + names[i]).c_str(),
                                      [i](benchmark::State& st) { report_row(st, i); })
