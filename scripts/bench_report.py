@@ -1140,12 +1140,12 @@ def figure_mini_gpt(series: dict, ctx: Context) -> str:
         if not steps:
             continue
         ranks = r.get("ranks", 1)
-        labels.append(f"{r.get('config')}\n{r.get('offload')}, {ranks} rank{'s' if ranks > 1 else ''}")
+        labels.append(f"{r.get('config')} {r.get('offload')}, {ranks} rank{'s' if ranks > 1 else ''}")
         values.append(step_median(steps))
         colors.append(palette.get(r.get("offload"), "tab:purple"))
     bars = ax2.bar(range(len(values)), values, 0.6, color=colors)
     annotate_bars(ax2, bars, [f"{v:.0f}" for v in values], fontsize=6)
-    ax2.set_xticks(range(len(values)), labels, fontsize=6)
+    ax2.set_xticks(range(len(values)), labels, fontsize=6, rotation=40, ha="right")
     if values and min(values) > 0 and max(values) / min(values) > 10:  # configs of very different sizes
         ax2.set_yscale("log")
         ax2.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
