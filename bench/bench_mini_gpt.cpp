@@ -10,7 +10,9 @@
 //    file system allows) in the scratch directory, the path the offloaded state takes in the
 //    step rows; path_bandwidth/shm: the same on /dev/shm (a file tier in memory), the path of
 //    the gpt2_124M_shm row. Counters write_bytes_per_s, read_bytes_per_s.
-//  - step/<config>/<offload>/ranks:<P>: one training run; the row's time is the median step
+//  - step/<config>/<offload>/ranks:<P>: one training run, the mini_gpt binary with --json in a
+//    process of its own as a user runs it (a run inside this process was slower, by varying
+//    amounts); the row's time is the median step
 //    time over the steps after the first (the first allocates and, with the stash, profiles).
 //    Counters: model_flops_per_s, vs_limit (model FLOP/s over the sgemm limit measured again
 //    around this run, the better of before and after: the machine may be shared), ms_per_step,
@@ -42,7 +44,7 @@
 //    of the same model (they touch no path). The bytes really go through file tiers, on a memory file system (on 2
 //    cores its copies take CPU time from the compute, as a disk's DMA would not).
 //  - 2 ranks: `mpirun -np 2` (with --oversubscribe, and --allow-run-as-root as root) on the
-//    mini_gpt binary with --json and one thread per rank, so both rows use 2 threads.
+//    same command with one thread per rank, so both rows use 2 threads.
 // The `activations` and `all` rows use --act-split offload (every layer's activations go to
 // the tier), so they measure what the stash saves and what its I/O costs.
 //
@@ -238,15 +240,22 @@ std::string shell_quote(const std::string& s) {
     return q + "'";
 }
 
-/// Runs `o` on 2 MPI ranks (one thread each) and reads rank 0's JSON lines. Throws
-/// std::runtime_error naming the command when it fails.
-series_run run_two_ranks(mini_gpt::options o) {
-    o.threads = std::max(1, bench_threads() / 2);
-    std::string cmd = shell_quote(MINI_GPT_MPIEXEC) + " -np 2 --oversubscribe";
-    if (::geteuid() == 0) cmd += " --allow-run-as-root";
-    std::vector<std::string> args = command_line(o);
-    args.insert(args.begin(), MINI_GPT_EXE);
-    for (const auto& a : args) {
+/// Runs `o` as its user would, a process of its own: the mini_gpt binary with --json, on
+/// `ranks` MPI ranks under mpirun (one thread each) or alone (bench_threads() threads), and
+/// reads rank 0's JSON lines into the run and *rep. A run inside this process was slower
+/// than the same flags from the command line, and by varying amounts (124M `all`: 1.50-1.98x
+/// against 1.20x), so every row runs the command a user types. Throws std::runtime_error
+/// naming the command when it fails.
+series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
+    std::string cmd;
+    if (ranks != 1) {
+        o.threads = std::max(1, bench_threads() / ranks);
+        cmd = shell_quote(MINI_GPT_MPIEXEC) + " -np " + std::to_string(ranks) + " --oversubscribe";
+        if (::geteuid() == 0) cmd += " --allow-run-as-root";
+        cmd += ' ';
+    }
+    cmd += shell_quote(MINI_GPT_EXE);
+    for (const auto& a : command_line(o)) {
         cmd += ' ';
         cmd += shell_quote(a);
     }
@@ -258,35 +267,39 @@ series_run run_two_ranks(mini_gpt::options o) {
     while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     int status = ::pclose(p);
     if (status != 0) throw std::runtime_error("exit status " + std::to_string(status) + ": " + cmd + "\n" + out);
+    mini_gpt::run_report local;
+    if (!rep) rep = &local;
     series_run r;
-    std::vector<double> peaks;
     std::istringstream lines(out);
     for (std::string line; std::getline(lines, line);) {
         if (line.empty() || line.front() != '{') continue;
         auto j = nlohmann::json::parse(line);
         r.loss.push_back(j.at("loss").get<double>());
-        r.step_ms.push_back(j.at("ms").get<double>());
-        peaks.push_back(j.at("act_peak_bytes").get<double>());
+        rep->step_ms.push_back(j.at("ms").get<double>());
+        rep->forward_ms.push_back(j.at("forward_ms").get<double>());
+        rep->backward_ms.push_back(j.at("backward_ms").get<double>());
+        rep->update_ms.push_back(j.at("update_ms").get<double>());
+        rep->io_wait_ms.push_back(j.at("io_wait_ms").get<double>());
+        rep->cpu_ms.push_back(j.at("cpu_ms").get<double>());
+        rep->act_peak_bytes.push_back(j.at("act_peak_bytes").get<std::size_t>());
+        rep->all_kept_bytes = j.at("act_all_kept_bytes").get<std::size_t>();
     }
     if (static_cast<int>(r.loss.size()) != o.steps)
         throw std::runtime_error("expected " + std::to_string(o.steps) + " steps from: " + cmd + "\n" + out);
-    r.act_peak_bytes = static_cast<std::size_t>(median(after_first(peaks)));
+    // The static sizes, from the config the flags describe (each rank holds B/ranks rows).
+    mini_gpt::gpt2_config c;
+    c.num_layers = o.layers;
+    c.channels = o.channels;
+    c.num_heads = o.heads;
+    c.max_seq_len = o.max_seq;
+    c.vocab_size = o.vocab;
+    c.padded_vocab_size = (o.vocab + 63) / 64 * 64;
+    rep->params = mini_gpt::param_layout(c).total;
+    rep->layer_act_bytes =
+        mini_gpt::layer_acts::floats(c, o.batch / ranks, o.seq) * sizeof(float) * static_cast<std::size_t>(o.layers);
+    r.step_ms = rep->step_ms;
+    r.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep->act_peak_bytes)));
     return r;
-}
-
-/// One run of `o`: in this process for 1 rank (filling *rep when given), else under mpirun.
-/// Throws std::runtime_error naming the command when a 2-rank run fails.
-series_run run_once(const mini_gpt::options& o, int ranks, mini_gpt::run_report* rep) {
-    if (ranks != 1) return run_two_ranks(o);
-    mini_gpt::run_report local;
-    if (!rep) rep = &local;
-    std::ostringstream sink;
-    auto losses = mini_gpt::train(o, sink, rep);
-    series_run run;
-    run.loss.assign(losses.begin(), losses.end());
-    run.step_ms = rep->step_ms;
-    run.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep->act_peak_bytes)));
-    return run;
 }
 
 /// Pairs of (`none`, this row) runs per row other than `none`: 3, 1 for a smoke run;

@@ -506,6 +506,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
         return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
     };
+    const std::size_t layer_act_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers);
+    const std::size_t all_kept_bytes = layer_act_bytes + model.fixed_activation_bytes();
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
         const double cpu0 = process_cpu_ms();
@@ -602,14 +604,16 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         ++totals.steps;
         if (!finite) ++totals.skipped;
         if (opt.json) {
-            char buf[512];
+            // cpu_ms: this process's CPU time in the step, all threads; act_all_kept_bytes:
+            // what keeping every layer's activations would hold (act_peak_bytes' reference).
+            char buf[640];
             std::snprintf(buf, sizeof buf,
                           "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
-                          "\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,\"io_wait_ms\":%.3f,"
-                          "\"comm_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
-                          static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak,
+                          "\"act_all_kept_bytes\":%zu,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,"
+                          "\"io_wait_ms\":%.3f,\"comm_ms\":%.3f,\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
+                          static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak, all_kept_bytes,
                           model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait, comm_ms,
-                          static_cast<double>(state.loss_scale), finite ? "false" : "true");
+                          process_cpu_ms() - cpu0, static_cast<double>(state.loss_scale), finite ? "false" : "true");
             out << buf << std::flush;
         } else if (!opt.quiet) {
             char buf[256];
@@ -654,9 +658,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
 
     // 8. The end: --save-model and the summary.
     if (report) {
-        report->all_kept_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers) +
-                                 model.fixed_activation_bytes();
-        report->layer_act_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers);
+        report->all_kept_bytes = all_kept_bytes;
+        report->layer_act_bytes = layer_act_bytes;
         report->flops_per_step = flops_tok * static_cast<double>(BT);
         report->params = nparams;
     }
@@ -685,9 +688,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                       "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
                       totals.total / n, totals.fwd / n, totals.bwd / n, totals.upd / n, totals.io / n);
         out << buf;
-        const double all_kept = static_cast<double>(block_floats * sizeof(float) *
-                                                        static_cast<std::size_t>(config.num_layers) +
-                                                    model.fixed_activation_bytes());
+        const double all_kept = static_cast<double>(all_kept_bytes);
         const double peak = static_cast<double>(totals.steps > 1 ? totals.act_peak : totals.act_peak_first);
         char line[256];
         std::snprintf(line, sizeof line, "  activations     peak resident %s, all layers kept %s (%.0f%% %s)%s\n",

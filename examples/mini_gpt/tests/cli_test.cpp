@@ -254,7 +254,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     std::string line;
     int n = 0;
     while (std::getline(lines, line)) {
-        for (const char* key : {"\"step\":", "\"loss\":", "\"ms\":", "\"tokens_per_s\":", "\"act_peak_bytes\":"})
+        for (const char* key : {"\"step\":", "\"loss\":", "\"ms\":", "\"tokens_per_s\":", "\"act_peak_bytes\":",
+                                "\"act_all_kept_bytes\":", "\"cpu_ms\":"})
             CHECK(line.find(key) != std::string::npos);
         CHECK(line.front() == '{');
         CHECK(line.back() == '}');
