@@ -507,7 +507,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
     };
     const std::size_t layer_act_bytes = block_floats * sizeof(float) * static_cast<std::size_t>(config.num_layers);
-    const std::size_t all_kept_bytes = layer_act_bytes + model.fixed_activation_bytes();
+    // What keeping every activation would hold: the layers plus the model's own buffers, which
+    // the first forward allocates.
+    auto all_kept_bytes = [&] { return layer_act_bytes + model.fixed_activation_bytes(); };
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
         const double cpu0 = process_cpu_ms();
@@ -611,7 +613,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
                           "\"act_all_kept_bytes\":%zu,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,"
                           "\"io_wait_ms\":%.3f,\"comm_ms\":%.3f,\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
-                          static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak, all_kept_bytes,
+                          static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak, all_kept_bytes(),
                           model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait, comm_ms,
                           process_cpu_ms() - cpu0, static_cast<double>(state.loss_scale), finite ? "false" : "true");
             out << buf << std::flush;
@@ -658,7 +660,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
 
     // 8. The end: --save-model and the summary.
     if (report) {
-        report->all_kept_bytes = all_kept_bytes;
+        report->all_kept_bytes = all_kept_bytes();
         report->layer_act_bytes = layer_act_bytes;
         report->flops_per_step = flops_tok * static_cast<double>(BT);
         report->params = nparams;
@@ -688,7 +690,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                       "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
                       totals.total / n, totals.fwd / n, totals.bwd / n, totals.upd / n, totals.io / n);
         out << buf;
-        const double all_kept = static_cast<double>(all_kept_bytes);
+        const double all_kept = static_cast<double>(all_kept_bytes());
         const double peak = static_cast<double>(totals.steps > 1 ? totals.act_peak : totals.act_peak_first);
         char line[256];
         std::snprintf(line, sizeof line, "  activations     peak resident %s, all layers kept %s (%.0f%% %s)%s\n",

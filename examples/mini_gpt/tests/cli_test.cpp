@@ -85,15 +85,18 @@ void expect_refused(const result& r, const std::vector<std::string>& needles) {
     for (const auto& n : needles) CHECK(r.err.find(n) != std::string::npos);
 }
 
-std::vector<std::string> json_losses(const std::string& out) {
+/// The value of `name` on each --json line of `out`, as printed.
+std::vector<std::string> json_values(const std::string& out, const std::string& name) {
     std::vector<std::string> v;
-    const std::string key = "\"loss\":";
+    const std::string key = "\"" + name + "\":";
     for (auto at = out.find(key); at != std::string::npos; at = out.find(key, at + 1)) {
         auto begin = at + key.size();
         v.push_back(out.substr(begin, out.find(',', begin) - begin));
     }
     return v;
 }
+
+std::vector<std::string> json_losses(const std::string& out) { return json_values(out, "loss"); }
 
 }  // namespace
 
@@ -262,6 +265,13 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
         ++n;
     }
     CHECK(n == 3);
+    for (const auto& cpu : json_values(r.out, "cpu_ms")) CHECK(std::stod(cpu) > 0);
+    // In memory, the activation peak is exactly what keeping every activation holds, from
+    // the first step on (the model's own buffers included).
+    auto kept = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--json", "--offload", "none"});
+    REQUIRE(kept.status == 0);
+    CHECK(json_values(kept.out, "act_peak_bytes") == json_values(kept.out, "act_all_kept_bytes"));
+    CHECK(json_values(kept.out, "act_all_kept_bytes").size() == 2);
     auto trace = slurp(d / "trace.json");
     CHECK(trace.find("\"traceEvents\"") != std::string::npos);
     for (const char* name : {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step", "save layer 1",
