@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
         spillway::virtual_tier_options tier_options;
         tier_options.name = "optimizer";
         tier_options.lock_names = {lock_name(local_root), lock_name(shared_root)};
+        tier_options.locks.directory = local_root;  // node-local, shared by the node's ranks
         const auto pfs_share = spillway::throttle_config::joint({.bytes_per_second = 200e6});  // this rank's cap
         tier_type tier(tier_options,
                        spillway::child_args(local_root / mine, spillway::file_tier_options{.name = "local"}),

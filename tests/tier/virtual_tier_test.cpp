@@ -448,8 +448,10 @@ TEST_CASE("virtual_tier: bad options are refused with a sentence naming the prob
           }),
           "bandwidth_window_seconds"));
     CHECK(has(msg([] {
+              test::temp_dir dir("vt-lock-names");  // the lock "ok" opens before "../bad" is refused
               auto o = fixed({1, 1});
               o.lock_names = {"ok", "../bad"};
+              o.locks.directory = dir.path();
               virtual_tier<node_lock, host_tier, host_tier> v(o);
           }),
           "'../bad.read'"));
