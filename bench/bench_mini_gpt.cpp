@@ -250,6 +250,18 @@ std::string shell_quote(const std::string& s) {
     return q + "'";
 }
 
+/// The model `o` describes (the vocabulary padded to a multiple of 64, as the trainer does).
+mini_gpt::gpt2_config model_config(const mini_gpt::options& o) {
+    mini_gpt::gpt2_config c;
+    c.num_layers = o.layers;
+    c.channels = o.channels;
+    c.num_heads = o.heads;
+    c.max_seq_len = o.max_seq;
+    c.vocab_size = o.vocab;
+    c.padded_vocab_size = (o.vocab + 63) / 64 * 64;
+    return c;
+}
+
 /// Runs `o` as its user would, a process of its own: the mini_gpt binary with --json, on
 /// `ranks` MPI ranks under mpirun (one thread each) or alone (bench_threads() threads), and
 /// reads rank 0's JSON lines into the run and *rep. A run inside this process was slower
@@ -297,13 +309,7 @@ series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
     if (static_cast<int>(r.loss.size()) != o.steps)
         throw std::runtime_error("expected " + std::to_string(o.steps) + " steps from: " + cmd + "\n" + out);
     // The static sizes, from the config the flags describe (each rank holds B/ranks rows).
-    mini_gpt::gpt2_config c;
-    c.num_layers = o.layers;
-    c.channels = o.channels;
-    c.num_heads = o.heads;
-    c.max_seq_len = o.max_seq;
-    c.vocab_size = o.vocab;
-    c.padded_vocab_size = (o.vocab + 63) / 64 * 64;
+    const mini_gpt::gpt2_config c = model_config(o);
     rep->params = mini_gpt::param_layout(c).total;
     rep->layer_act_bytes =
         mini_gpt::layer_acts::floats(c, o.batch / ranks, o.seq) * sizeof(float) * static_cast<std::size_t>(o.layers);
@@ -391,11 +397,7 @@ void train_step(benchmark::State& state, const row& r) {
         const double step_s = median(row_s);
         state.SetIterationTime(step_s);
         // Model FLOPs per step: the global batch's tokens (the same for 1 and 2 ranks).
-        mini_gpt::gpt2_config c;
-        c.num_layers = o.layers;
-        c.channels = o.channels;
-        c.padded_vocab_size = (o.vocab + 63) / 64 * 64;
-        const double flops = mini_gpt::flops_per_token(c, o.seq) * o.batch * o.seq / step_s;
+        const double flops = mini_gpt::flops_per_token(model_config(o), o.seq) * o.batch * o.seq / step_s;
         state.counters["ms_per_step"] = step_s * 1e3;
         state.counters["model_flops_per_s"] = flops;
         state.counters["sgemm_flops_per_s"] = limit;
