@@ -12,13 +12,16 @@
 //    the gpt2_124M_shm row. Counters write_bytes_per_s, read_bytes_per_s.
 //  - step/<config>/<offload>/ranks:<P>: one training run, the mini_gpt binary with --json in a
 //    process of its own as a user runs it (a run inside this process was slower, by varying
-//    amounts); the row's time is the median step
-//    time over the steps after the first (the first allocates and, with the stash, profiles).
+//    amounts); the row's time is the median over two-step cycles after the first step (the
+//    first allocates and, with the stash, profiles) of each cycle's mean step time: the
+//    offloaded optimizer's ascending updates run under the next step's forward, so steps
+//    alternate short and long, and a cycle holds one update of each direction.
 //    Counters: model_flops_per_s, vs_limit (model FLOP/s over the sgemm limit measured again
 //    around this run, the better of before and after: the machine may be shared), ms_per_step,
 //    act_peak_bytes and act_peak_vs_all_kept (median peak after the first step over keeping
-//    every layer; 1 rank), update_ms and io_wait_ms (medians; 1 rank), cpu_ms_per_step (process
-//    CPU time per step, all threads; 1 rank); for 124M speedup_vs_llmc: llm.c's CPU trainer
+//    every layer; 1 rank), update_ms, io_wait_ms and param_wait_ms (forward waiting for a
+//    deferred update; per cycle as above; 1 rank), cpu_ms_per_step (process CPU time per
+//    step, all threads; 1 rank); for 124M speedup_vs_llmc: llm.c's CPU trainer
 //    (train_gpt2.c) takes about 2.9 s per step for this config with 2 threads on the
 //    development machine, so this is 2.9 s over our median step, and speedup_vs_llmc_cpu
 //    (1 rank) is its CPU time, about 2 x 2.9 s, over ours (a shared machine inflates CPU
@@ -103,6 +106,18 @@ double median(std::vector<double> v) {
 template <class T>
 std::vector<double> after_first(const std::vector<T>& v) {
     return v.size() < 2 ? std::vector<double>() : std::vector<double>(v.begin() + 1, v.end());
+}
+
+/// The median over two-step cycles after the first (warm-up) step of each cycle's mean: the
+/// alternating order makes consecutive steps differ (an ascending update runs under the next
+/// step's forward, a descending one in its own step), so a cycle is the unit a step time
+/// means; an odd step left at the end is dropped.
+template <class T>
+double cycle_median(const std::vector<T>& v) {
+    std::vector<double> cycles;
+    for (std::size_t k = 1; k + 1 < v.size(); k += 2)
+        cycles.push_back((static_cast<double>(v[k]) + static_cast<double>(v[k + 1])) / 2);
+    return median(cycles);
 }
 
 /// Seconds of `reps` M=N=K=n products through the trainer's matmul path (median).
@@ -220,7 +235,7 @@ mini_gpt::options run_options(bool gpt2_124m, offload_mode mode, const offload_p
         o.max_seq = 1024;
         o.batch = 4;
         o.seq = 64;
-        o.steps = 5;                        // one warm-up step and four measured ones
+        o.steps = 6;  // a warm-up step, two measured cycles (steps 1-4), and the last (dropped)
         o.subgroup = std::size_t{1} << 22;  // 4 Mi params (32 MiB of m and v) per subgroup
         o.buffers = 8;
     } else {
@@ -303,6 +318,8 @@ series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
         rep->update_ms.push_back(j.at("update_ms").get<double>());
         rep->io_wait_ms.push_back(j.at("io_wait_ms").get<double>());
         rep->cpu_ms.push_back(j.at("cpu_ms").get<double>());
+        rep->param_wait_ms.push_back(j.at("param_wait_ms").get<double>());
+        rep->update_deferred.push_back(j.at("update_deferred").get<bool>());
         rep->act_peak_bytes.push_back(j.at("act_peak_bytes").get<std::size_t>());
         rep->all_kept_bytes = j.at("act_all_kept_bytes").get<std::size_t>();
     }
@@ -373,13 +390,13 @@ void train_step(benchmark::State& state, const row& r) {
                 if (mode != offload_mode::none) {
                     mini_gpt::run_report reference_rep;
                     const series_run reference = run_once(none_o, ranks, &reference_rep);
-                    none_s.push_back(median(after_first(reference.step_ms)) / 1e3);
+                    none_s.push_back(cycle_median(reference.step_ms) / 1e3);
                     if (!reference_rep.forward_ms.empty())
                         none_forward_ms.push_back(median(after_first(reference_rep.forward_ms)));
                 }
                 mini_gpt::run_report this_rep;
                 series_run this_run = run_once(o, ranks, &this_rep);
-                row_s.push_back(median(after_first(this_run.step_ms)) / 1e3);
+                row_s.push_back(cycle_median(this_run.step_ms) / 1e3);
                 if (!none_s.empty()) ratios.push_back(row_s.back() / none_s.back());
                 if (k == 0) {  // the series and the per-step counters come from the first run
                     run = std::move(this_run);
@@ -409,15 +426,18 @@ void train_step(benchmark::State& state, const row& r) {
         if (gpt2_124m) state.counters["speedup_vs_llmc"] = 2.9 / step_s;
         if (gpt2_124m && ranks == 1) {
             // llm.c's OpenMP threads both compute for its whole step: about 2 x 2.9 s of CPU time.
-            const double cpu_s = median(after_first(rep.cpu_ms)) / 1e3;
+            const double cpu_s = cycle_median(rep.cpu_ms) / 1e3;
             if (cpu_s > 0) state.counters["speedup_vs_llmc_cpu"] = 2 * 2.9 / cpu_s;
         }
         if (ranks == 1) {
             state.counters["act_peak_vs_all_kept"] =
                 static_cast<double>(run.act_peak_bytes) / static_cast<double>(rep.all_kept_bytes);
-            state.counters["cpu_ms_per_step"] = median(after_first(rep.cpu_ms));
-            state.counters["update_ms"] = median(after_first(rep.update_ms));
-            state.counters["io_wait_ms"] = median(after_first(rep.io_wait_ms));
+            state.counters["cpu_ms_per_step"] = cycle_median(rep.cpu_ms);
+            state.counters["update_ms"] = cycle_median(rep.update_ms);
+            state.counters["io_wait_ms"] = cycle_median(rep.io_wait_ms);
+            state.counters["param_wait_ms"] = cycle_median(rep.param_wait_ms);
+            state.counters["updates_deferred"] =
+                static_cast<double>(std::count(rep.update_deferred.begin(), rep.update_deferred.end(), true));
         }
         if (!ratios.empty()) {
             state.counters["vs_none"] = median(ratios);

@@ -1053,12 +1053,14 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
 
         body = [[cfg, mode, str(ranks), fmt(r.get("ms_per_step"), 1), vs_none_cell(cfg, mode, ranks, r),
                  fmt(r.get("cpu_ms_per_step"), 1), fmt(r.get("vs_limit")), fmt(r.get("act_peak_vs_all_kept")),
-                 fmt(r.get("update_ms"), 1), fmt(r.get("io_wait_ms"), 1), fmt(r.get("speedup_vs_llmc")),
+                 fmt(r.get("update_ms"), 1), fmt(r.get("io_wait_ms"), 1), fmt(r.get("param_wait_ms"), 1),
+                 fmt(r.get("speedup_vs_llmc")),
                  fmt(r.get("speedup_vs_llmc_cpu"))]
                 for cfg, mode, ranks, r in rows]
         out.append(md_table(["config", "offload", "ranks", "ms/step", "vs none (paired runs' range)", "CPU ms/step",
                              "vs_limit (matmul)",
-                             "activation peak vs all kept", "update ms", "I/O wait ms", "vs llm.c (wall)",
+                             "activation peak vs all kept", "update ms", "I/O wait ms",
+                             "forward's wait for the update ms", "vs llm.c (wall)",
                              "vs llm.c (CPU)"], body, numeric_from=2))
         for cfg in dict.fromkeys(c for c, _, _, _ in rows):
             none, full = by.get((cfg, "none", 1)), by.get((cfg, "all", 1))

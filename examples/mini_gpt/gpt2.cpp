@@ -108,21 +108,70 @@ void gpt2_config::validate() const {
                                     " does not fit uint16 token files (at most 65536)");
 }
 
-param_layout::param_layout(const gpt2_config& c) {
+namespace {
+constexpr int first_layer_kind = 2, last_layer_kind = 13;  // ln1w .. fcprojb
+bool is_layer_kind(int kind) { return kind >= first_layer_kind && kind <= last_layer_kind; }
+}  // namespace
+
+param_layout::param_layout(const gpt2_config& c) : layers_(c.num_layers) {
     std::size_t Vp = sz(c.padded_vocab_size), C = sz(c.channels), L = sz(c.num_layers), maxT = sz(c.max_seq_len);
     sizes = {Vp * C,        maxT * C,  L * C,     L * C,         L * 3 * C * C, L * 3 * C,
              L * C * C,     L * C,     L * C,     L * C,         L * 4 * C * C, L * 4 * C,
              L * C * 4 * C, L * C,     C,         C};
     for (int i = 0; i < num_param_tensors; ++i) {
-        offsets[sz(i)] = total;
+        llmc_offsets[sz(i)] = total;
         total += sizes[sz(i)];
+    }
+    for (int k = first_layer_kind; k <= last_layer_kind; ++k) {
+        in_layer_[sz(k)] = layer_floats_;
+        layer_floats_ += sizes[sz(k)] / L;
     }
 }
 
-param_views::param_views(float* base, const param_layout& layout) {
-    float** fields[num_param_tensors] = {&wte,  &wpe, &ln1w,  &ln1b,   &qkvw,    &qkvb,  &attprojw, &attprojb,
-                                         &ln2w, &ln2b, &fcw,  &fcb,    &fcprojw, &fcprojb, &lnfw,   &lnfb};
-    for (int i = 0; i < num_param_tensors; ++i) *fields[i] = base + layout.offsets[sz(i)];
+std::size_t param_layout::offset(int kind, int layer) const noexcept {
+    const std::size_t embeddings = sizes[0] + sizes[1], layers = layer_floats_ * sz(layers_);
+    switch (kind) {
+        case 0: return 0;
+        case 1: return sizes[0];
+        case 14: return embeddings + layers;
+        case 15: return embeddings + layers + sizes[14];
+        default: return embeddings + sz(layer) * layer_floats_ + in_layer_[sz(kind)];
+    }
+}
+
+std::pair<std::size_t, std::size_t> param_layout::layer_range(int layer) const noexcept {
+    if (layer < 0) return {0, sizes[0] + sizes[1]};
+    if (layer >= layers_) return {offset(14), total};
+    const std::size_t begin = offset(first_layer_kind, layer);
+    return {begin, begin + layer_floats_};
+}
+
+void param_layout::convert(std::span<const float> from, std::span<float> to, bool to_llmc) const {
+    if (from.size() != total || to.size() != total)
+        throw std::invalid_argument(std::string("param_layout::") + (to_llmc ? "to_llmc_order" : "from_llmc_order") +
+                                    ": blocks of " + std::to_string(from.size()) + " and " + std::to_string(to.size()) +
+                                    " floats for a layout of " + std::to_string(total));
+    // Every slice: one tensor for wte, wpe, lnfw, lnfb; one layer's part for the others.
+    auto copy = [&](std::size_t model_at, std::size_t llmc_at, std::size_t n) {
+        std::copy_n(from.data() + (to_llmc ? model_at : llmc_at), n, to.data() + (to_llmc ? llmc_at : model_at));
+    };
+    for (int k = 0; k < num_param_tensors; ++k) {
+        if (!is_layer_kind(k)) {
+            copy(offset(k), llmc_offsets[sz(k)], sizes[sz(k)]);
+            continue;
+        }
+        const std::size_t per_layer = sizes[sz(k)] / sz(layers_);
+        for (int l = 0; l < layers_; ++l) copy(offset(k, l), llmc_offsets[sz(k)] + sz(l) * per_layer, per_layer);
+    }
+}
+
+param_views::param_views(float* base, const param_layout& layout)
+    : wte(base + layout.offset(0)), wpe(base + layout.offset(1)), lnfw(base + layout.offset(14)),
+      lnfb(base + layout.offset(15)), base_(base), layout_(&layout) {}
+
+layer_params param_views::layer(int l) const noexcept {
+    auto at = [&](int kind) { return base_ + layout_->offset(kind, l); };
+    return {at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11), at(12), at(13)};
 }
 
 std::array<std::size_t, layer_acts::num_tensors> layer_acts::tensor_floats(const gpt2_config& c, int B, int T) {
@@ -444,23 +493,33 @@ gpt2::gpt2(const gpt2_config& config, thread_pool& pool) : config_(config), pool
 }
 
 void gpt2::init_gpt2(std::uint64_t seed) {
+    // Drawn in llm.c's order (tensor by tensor over all layers), then laid out layer-major.
     normal_rng rng(seed);
-    param_views p(params_.data(), layout_);
+    std::vector<float> llmc(layout_.total, 0.0f);
+    auto at = [&](int kind) { return llmc.data() + layout_.llmc_offsets[sz(kind)]; };
     std::size_t C = sz(config_.channels), L = sz(config_.num_layers);
     float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
-    std::fill(params_.begin(), params_.end(), 0.0f);
     auto normal = [&](float* w, std::size_t n, float stddev) {
         for (std::size_t i = 0; i < n; ++i) w[i] = rng.normal(stddev);
     };
-    normal(p.wte, sz(config_.vocab_size) * C, 0.02f);  // padded rows stay 0
-    normal(p.wpe, sz(config_.max_seq_len) * C, 0.02f);
-    std::fill(p.ln1w, p.ln1w + L * C, 1.0f);
-    normal(p.qkvw, L * 3 * C * C, 0.02f);
-    normal(p.attprojw, L * C * C, proj_std);
-    std::fill(p.ln2w, p.ln2w + L * C, 1.0f);
-    normal(p.fcw, L * 4 * C * C, 0.02f);
-    normal(p.fcprojw, L * C * 4 * C, proj_std);
-    std::fill(p.lnfw, p.lnfw + C, 1.0f);
+    normal(at(0), sz(config_.vocab_size) * C, 0.02f);  // wte; padded rows stay 0
+    normal(at(1), sz(config_.max_seq_len) * C, 0.02f);  // wpe
+    std::fill(at(2), at(2) + L * C, 1.0f);              // ln1w
+    normal(at(4), L * 3 * C * C, 0.02f);                // qkvw
+    normal(at(6), L * C * C, proj_std);                 // attprojw
+    std::fill(at(8), at(8) + L * C, 1.0f);              // ln2w
+    normal(at(10), L * 4 * C * C, 0.02f);               // fcw
+    normal(at(12), L * C * 4 * C, proj_std);            // fcprojw
+    std::fill(at(14), at(14) + C, 1.0f);                // lnfw
+    layout_.from_llmc_order(llmc, params_);
+}
+
+void gpt2::load_llmc_params(std::span<const float> llmc) { layout_.from_llmc_order(llmc, params_); }
+
+std::vector<float> gpt2::llmc_params() const {
+    std::vector<float> out(layout_.total);
+    layout_.to_llmc_order(params_, out);
+    return out;
 }
 
 void gpt2::reserve(int B, int T) {
@@ -492,8 +551,16 @@ std::size_t gpt2::fixed_activation_bytes() const noexcept {
            sizeof(float);
 }
 
-float gpt2::forward(const int* inputs, const int* targets, int B, int T, activation_store& store) {
+float gpt2::forward(const int* inputs, const int* targets, int B, int T, activation_store& store,
+                    const param_gate& gate) {
     auto t0 = clock_type::now();
+    double gate_ms = 0;
+    auto wait_for = [&](int layer) {
+        if (!gate) return;
+        auto w0 = clock_type::now();
+        gate(layer);
+        gate_ms += ms_since(w0);
+    };
     reserve(B, T);
     const int C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
     const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
@@ -506,26 +573,29 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
                                         std::to_string(i));
     }
     param_views p(params_.data(), layout_);
+    wait_for(-1);
     encoder_forward(pool_, encoded_.data(), inputs, p.wte, p.wpe, B, T, C);  // (B,T,C)
     const float* residual = encoded_.data();
     float* proj = dscratch_.data();  // (B,T,C) scratch for the projections' outputs
     for (int l = 0; l < L; ++l) {
-        std::size_t ls = sz(l);
         layer_acts a = store.acquire(l, residual);
-        layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w + ls * Cs, p.ln1b + ls * Cs, BT, C);
-        matmul_forward(pool_, a.qkv, a.ln1, p.qkvw + ls * 3 * Cs * Cs, p.qkvb + ls * 3 * Cs, BT, C, 3 * C);
+        wait_for(l);
+        const layer_params w = p.layer(l);
+        layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, BT, C);
+        matmul_forward(pool_, a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
         attention_forward(pool_, a.atty, a.att, a.qkv, B, T, C, NH);
-        matmul_forward(pool_, proj, a.atty, p.attprojw + ls * Cs * Cs, p.attprojb + ls * Cs, BT, C, C);
+        matmul_forward(pool_, proj, a.atty, w.attprojw, w.attprojb, BT, C, C);
         residual_forward(pool_, a.residual2, residual, proj, sz(BT) * Cs);
-        layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w + ls * Cs, p.ln2b + ls * Cs, BT,
+        layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT,
                           C);
-        matmul_forward(pool_, a.fch, a.ln2, p.fcw + ls * 4 * Cs * Cs, p.fcb + ls * 4 * Cs, BT, C, 4 * C);
+        matmul_forward(pool_, a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * C);
         gelu_forward(pool_, a.fch_gelu, a.fch, sz(BT) * 4 * Cs);
-        matmul_forward(pool_, proj, a.fch_gelu, p.fcprojw + ls * Cs * 4 * Cs, p.fcprojb + ls * Cs, BT, 4 * C, C);
+        matmul_forward(pool_, proj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C);
         residual_forward(pool_, a.residual3, a.residual2, proj, sz(BT) * Cs);
         store.forward_done(l);
         residual = a.residual3;
     }
+    wait_for(L);
     layernorm_forward(pool_, lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.lnfw, p.lnfb, BT, C);
     store.forward_end();
     matmul_forward(pool_, logits_.data(), lnf_.data(), p.wte, nullptr, BT, C, Vp);  // (B,T,Vp), tied head
@@ -533,6 +603,7 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
     double sum = 0;
     for (float x : losses_) sum += x;
     times_.forward_ms = ms_since(t0);
+    times_.param_wait_ms = gate_ms;
     return static_cast<float>(sum / BT);
 }
 
@@ -560,33 +631,33 @@ void gpt2::backward(float loss_scale, activation_store& store) {
                        lnf_rstd_.data(), BT, C);
     store.done_with(L - 1, layer_acts::residual3_i);
     for (int l = L - 1; l >= 0; --l) {
-        std::size_t ls = sz(l);
         layer_acts a = need(l);
         const float* residual = a.inp;
+        const layer_params pw = p.layer(l), gw = g.layer(l);
         // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))): dres is d residual3.
         // Each tensor is given back (done_with) after the last kernel that reads it.
-        matmul_backward(pool_, dfch_.data(), g.fcprojw + ls * Cs * 4 * Cs, g.fcprojb + ls * Cs, dres, a.fch_gelu,
-                        p.fcprojw + ls * Cs * 4 * Cs, BT, 4 * C, C);
+        matmul_backward(pool_, dfch_.data(), gw.fcprojw, gw.fcprojb, dres, a.fch_gelu,
+                        pw.fcprojw, BT, 4 * C, C);
         store.done_with(l, layer_acts::fch_gelu_i);
         gelu_backward(pool_, dfch_.data(), a.fch, dfch_.data(), sz(BT) * 4 * Cs);
         store.done_with(l, layer_acts::fch_i);
-        matmul_backward(pool_, dln_.data(), g.fcw + ls * 4 * Cs * Cs, g.fcb + ls * 4 * Cs, dfch_.data(), a.ln2,
-                        p.fcw + ls * 4 * Cs * Cs, BT, C, 4 * C);
+        matmul_backward(pool_, dln_.data(), gw.fcw, gw.fcb, dfch_.data(), a.ln2,
+                        pw.fcw, BT, C, 4 * C);
         store.done_with(l, layer_acts::ln2_i);
-        layernorm_backward(pool_, dres, g.ln2w + ls * Cs, g.ln2b + ls * Cs, dln_.data(), a.residual2,
-                           p.ln2w + ls * Cs, a.ln2_mean, a.ln2_rstd, BT, C);
+        layernorm_backward(pool_, dres, gw.ln2w, gw.ln2b, dln_.data(), a.residual2,
+                           pw.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
         store.done_with(l, layer_acts::residual2_i);
         // dres is now d residual2; residual2 = residual + attproj(attention(qkv(ln1(residual)))).
-        matmul_backward(pool_, dscratch_.data(), g.attprojw + ls * Cs * Cs, g.attprojb + ls * Cs, dres, a.atty,
-                        p.attprojw + ls * Cs * Cs, BT, C, C);
+        matmul_backward(pool_, dscratch_.data(), gw.attprojw, gw.attprojb, dres, a.atty,
+                        pw.attprojw, BT, C, C);
         store.done_with(l, layer_acts::atty_i);
         attention_backward(pool_, dqkv_.data(), datt_.data(), dscratch_.data(), a.qkv, a.att, B, T, C, NH);
         store.done_with(l, layer_acts::att_i);
         store.done_with(l, layer_acts::qkv_i);
-        matmul_backward(pool_, dln_.data(), g.qkvw + ls * 3 * Cs * Cs, g.qkvb + ls * 3 * Cs, dqkv_.data(), a.ln1,
-                        p.qkvw + ls * 3 * Cs * Cs, BT, C, 3 * C);
+        matmul_backward(pool_, dln_.data(), gw.qkvw, gw.qkvb, dqkv_.data(), a.ln1,
+                        pw.qkvw, BT, C, 3 * C);
         store.done_with(l, layer_acts::ln1_i);
-        layernorm_backward(pool_, dres, g.ln1w + ls * Cs, g.ln1b + ls * Cs, dln_.data(), residual, p.ln1w + ls * Cs,
+        layernorm_backward(pool_, dres, gw.ln1w, gw.ln1b, dln_.data(), residual, pw.ln1w,
                            a.ln1_mean, a.ln1_rstd, BT, C);
         store.backward_done(l);  // dres is now d residual (the layer's input)
     }

@@ -11,9 +11,10 @@
 // - Results are a pure function of (parameters, tokens, thread count): every kernel splits its
 //   work into chunks that depend only on the sizes and the thread count, and each output is
 //   computed by one thread in a fixed order. The same run twice gives the same bits.
-// - Parameters live in one contiguous fp32 block in llm.c's order (wte, wpe, ln1w, ln1b, qkvw,
-//   qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb), so a
-//   checkpoint is that block written as is; gradients use the same layout.
+// - Parameters live in one contiguous fp32 block, layer-major (param_layout: the embeddings,
+//   then each layer's tensors together, then the final LayerNorm); gradients use the same
+//   layout. Checkpoints are in llm.c's order (wte, wpe, ln1w over all layers, ln1b, ...);
+//   load_llmc_params() and llmc_params() convert.
 // - Activations are grouped per layer (one contiguous block each, see layer_acts) so that a
 //   store can keep, offload or bring back a whole layer at once (activation_store).
 #pragma once
@@ -23,8 +24,10 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spillway/thread_pool.hpp"
@@ -51,19 +54,50 @@ inline constexpr std::array<const char*, num_param_tensors> param_names = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
-/// Sizes (in floats) of each parameter tensor and their offsets in the block.
+/// Where each parameter tensor lives. The model keeps its block layer-major: wte, wpe, then
+/// layer 0's twelve tensors (ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb,
+/// fcprojw, fcprojb), ..., layer L-1's, then lnfw, lnfb. So each layer's parameters are one
+/// contiguous run, and an optimizer that walks the block upwards finishes the embeddings,
+/// then layer 0, then layer 1, ...: the trainer lets the next forward start on each layer as
+/// soon as its parameters are updated. Checkpoints keep llm.c's order (one tensor per kind
+/// over all layers, `param_names`); to_llmc_order() and from_llmc_order() convert.
 struct param_layout {
-    std::array<std::size_t, num_param_tensors> sizes{};
-    std::array<std::size_t, num_param_tensors> offsets{};
+    std::array<std::size_t, num_param_tensors> sizes{};         // floats of each kind, all layers together
+    std::array<std::size_t, num_param_tensors> llmc_offsets{};  // where each kind starts in llm.c's order
     std::size_t total = 0;
     explicit param_layout(const gpt2_config& c);
+    /// Where tensor `kind` of `layer` starts in the model's block (layer is ignored for wte,
+    /// wpe, lnfw and lnfb).
+    [[nodiscard]] std::size_t offset(int kind, int layer = 0) const noexcept;
+    /// [begin, end) of the parameters layer `layer` reads in forward (its twelve tensors);
+    /// layer -1 is the embeddings (wte, wpe), layer L the final LayerNorm.
+    [[nodiscard]] std::pair<std::size_t, std::size_t> layer_range(int layer) const noexcept;
+    /// Copies the model's block into llm.c's order, and back (both `total` floats; throws
+    /// std::invalid_argument otherwise).
+    void to_llmc_order(std::span<const float> model, std::span<float> llmc) const { convert(model, llmc, true); }
+    void from_llmc_order(std::span<const float> llmc, std::span<float> model) const { convert(llmc, model, false); }
+
+private:
+    int layers_ = 0;
+    std::size_t layer_floats_ = 0;                               // one layer's twelve tensors
+    std::array<std::size_t, num_param_tensors> in_layer_{};      // a layer tensor's offset within its layer
+    void convert(std::span<const float> from, std::span<float> to, bool to_llmc) const;
 };
 
-/// Pointers into one parameter (or gradient) block.
+/// One layer's parameter (or gradient) tensors.
+struct layer_params {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+
+/// Pointers into one parameter (or gradient) block in the model's (layer-major) layout.
 struct param_views {
-    float *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
+    float *wte, *wpe, *lnfw, *lnfb;
     param_views(float* base, const param_layout& layout);
+    [[nodiscard]] layer_params layer(int l) const noexcept;
+
+private:
+    float* base_;
+    const param_layout* layout_;
 };
 
 /// The activations one layer saves for its backward pass. Each pointer is one tensor; the
@@ -155,6 +189,7 @@ private:
 /// Timings of one forward+backward, in milliseconds.
 struct pass_times {
     double forward_ms = 0, backward_ms = 0, act_wait_ms = 0;
+    double param_wait_ms = 0;  // forward waiting in its param_gate for parameters being updated
 };
 
 /// GPT-2 with its parameters, gradients and the activations outside the layer blocks.
@@ -167,10 +202,17 @@ public:
     /// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1; padded rows of wte are 0.
     void init_gpt2(std::uint64_t seed);
 
+    /// Called by forward before it first reads the parameters of `layer` (-1: the embeddings,
+    /// 0..L-1: a block, L: the final LayerNorm; param_layout::layer_range), in that order; it
+    /// returns once they may be read (the trainer's wait for an update still running).
+    using param_gate = std::function<void(int layer)>;
+
     /// Forward pass over inputs (B,T) and targets (B,T) (token ids < V); returns the mean
     /// cross-entropy. Activations go to `store`. B*T must fit the scratch given to
-    /// reserve(); T <= max_seq_len.
-    float forward(const int* inputs, const int* targets, int B, int T, activation_store& store);
+    /// reserve(); T <= max_seq_len. `gate` (may be empty) is asked before each layer's
+    /// parameters are read; the time it takes is times().param_wait_ms.
+    float forward(const int* inputs, const int* targets, int B, int T, activation_store& store,
+                  const param_gate& gate = {});
 
     /// Backward of the last forward: grads = d(loss * loss_scale)/d(params). Every gradient
     /// is overwritten (each is written once per step, so no zeroing pass is needed).
@@ -184,6 +226,9 @@ public:
     [[nodiscard]] std::span<float> params() noexcept { return params_; }
     [[nodiscard]] std::span<const float> params() const noexcept { return params_; }
     [[nodiscard]] std::span<float> grads() noexcept { return grads_; }
+    /// Sets the parameters from a block in llm.c's order (a checkpoint's), and gives them in it.
+    void load_llmc_params(std::span<const float> llmc);
+    [[nodiscard]] std::vector<float> llmc_params() const;
     /// Per-position losses of the last forward (B*T).
     [[nodiscard]] std::span<const float> losses() const noexcept { return losses_; }
     [[nodiscard]] const pass_times& times() const noexcept { return times_; }

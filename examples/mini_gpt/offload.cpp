@@ -127,6 +127,7 @@ public:
                                    std::to_string(pipe_->steps()));
         spillway::update_args args;
         args.grad_scale = grad_scale;
+        next_order_was_ascending_ = next_step_ascending();
         pipe_->update(std::get<std::span<const Grad>>(grads), params, args);
         const auto& st = pipe_->last_stats();
         last_wait_ms_ = (st.read_wait_seconds + st.write_wait_seconds) * 1e3;
@@ -149,6 +150,10 @@ public:
         }
     }
     void prefetch() override { prefetched_ += pipe_->begin_prefetch(); }
+    [[nodiscard]] bool next_step_ascending() const override {
+        return pipe_->next_order().walk() == spillway::direction::ascending;
+    }
+    void on_progress(std::function<void(std::size_t)> callback) override { progress_ = std::move(callback); }
     void save(const std::filesystem::path& dir) override { pipe_->save(dir / "optimizer"); }
     [[nodiscard]] double last_io_wait_ms() const override { return last_wait_ms_; }
     [[nodiscard]] std::string report() const override {
@@ -183,6 +188,11 @@ private:
         o.key_prefix = s_.key_prefix;
         o.pool = s_.pool;
         o.recorder = s_.recorder;
+        // An ascending call finishes subgroup s after every one before it: params [0, end of
+        // s) are final (next_step_ascending, on_progress).
+        o.on_subgroup_updated = [this](std::size_t s) {
+            if (progress_ && next_order_was_ascending_) progress_(std::min(count_, (s + 1) * s_.subgroup));
+        };
         return o;
     }
 
@@ -196,6 +206,8 @@ private:
     double update_seconds_ = 0;  // summed over update() calls: the base of each path's busy share
     std::uint64_t prefetched_ = 0, prefetch_hits_ = 0;  // reads begin_prefetch() started; visits they served
     std::vector<spillway::child_io> children_;
+    std::function<void(std::size_t)> progress_;  // on_progress()
+    bool next_order_was_ascending_ = false;       // the running step walks upwards
 };
 
 // ---- The offloading activation store ----------------------------------------------------------

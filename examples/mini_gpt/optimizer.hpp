@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -62,6 +63,16 @@ public:
     /// Starts reading the state the next step() needs, so that the reads overlap the forward
     /// and backward passes that come first (they need no gradients). Results do not change.
     virtual void prefetch() {}
+    /// Whether the next step() updates the parameters from the first to the last, announcing
+    /// its progress through the callback given to on_progress(): then the trainer may run that
+    /// step on a thread of its own and start the next forward at once, each layer waiting
+    /// only until its parameters are updated (the offloaded back end on its ascending
+    /// iterations; the alternating order makes every other one ascending).
+    [[nodiscard]] virtual bool next_step_ascending() const { return false; }
+    /// The callback a step whose next_step_ascending() was true calls, on the thread that
+    /// runs it, each time more parameters are final: `done` params from the start of the
+    /// span step() got hold the new values and will not change again in that step.
+    virtual void on_progress(std::function<void(std::size_t done)> callback) { (void)callback; }
     /// Saves the moments (and whatever else it needs) into `dir` (files fsynced).
     virtual void save(const std::filesystem::path& dir) = 0;
     /// Milliseconds the last step waited on storage.

@@ -8,10 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <sstream>
 #include <thread>
@@ -36,6 +40,76 @@ using clock_type = std::chrono::steady_clock;
 double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
+
+/// An optimizer step that runs on a thread of its own while the next forward computes (the
+/// offloaded optimizer's ascending iterations). Protocol:
+///  1. start(fn): fn (the optimizer's step) runs on a new thread; the optimizer reports,
+///     through progress(done), that params [0, done) hold their new values.
+///  2. The next forward asks wait_for(end) before each layer: it returns once params
+///     [0, end) are final, or once the step ended (an error is rethrown by finish()).
+///  3. finish() joins the thread and rethrows what the step threw; it is called after that
+///     forward (the final LayerNorm already waited for the last subgroup), before backward
+///     overwrites the gradients the step reads, and before anything else touches the
+///     optimizer. The destructor joins a step still running (an exception unwinding).
+class deferred_update {
+public:
+    deferred_update() = default;
+    deferred_update(const deferred_update&) = delete;
+    deferred_update& operator=(const deferred_update&) = delete;
+    ~deferred_update() {
+        if (thread_.joinable()) thread_.join();
+    }
+
+    [[nodiscard]] bool running() const noexcept { return thread_.joinable(); }
+
+    void start(std::function<void()> step) {
+        done_ = 0;
+        ended_ = false;
+        error_ = nullptr;
+        began_ = clock_type::now();
+        thread_ = std::thread([this, step = std::move(step)] {
+            std::exception_ptr error;
+            try {
+                step();
+            } catch (...) {
+                error = std::current_exception();
+            }
+            std::lock_guard lock(mutex_);
+            ended_at_ = clock_type::now();
+            error_ = error;
+            ended_ = true;
+            cv_.notify_all();
+        });
+    }
+
+    /// The optimizer's progress callback (runs on the step's thread).
+    void progress(std::size_t done) {
+        std::lock_guard lock(mutex_);
+        done_ = std::max(done_, done);
+        cv_.notify_all();
+    }
+
+    void wait_for(std::size_t end) {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return done_ >= end || ended_; });
+    }
+
+    /// Joins; rethrows the step's error. Returns the step's start and end.
+    std::pair<clock_type::time_point, clock_type::time_point> finish() {
+        thread_.join();
+        if (error_) std::rethrow_exception(error_);
+        return {began_, ended_at_};
+    }
+
+private:
+    std::thread thread_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::size_t done_ = 0;
+    bool ended_ = false;
+    std::exception_ptr error_;
+    clock_type::time_point began_, ended_at_;
+};
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& problem) {
     throw input_error(flag + ": " + problem);
@@ -167,6 +241,9 @@ Usage: mini_gpt [flags]
   --act-budget MiB    most bytes the activation stash holds (default: one layer's worth)
   --subgroup N        parameters per optimizer subgroup (default 65536)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
+  --update-under-forward on|off
+                      run the offloaded optimizer's ascending updates under the next forward,
+                      each layer waiting for its parameters (default on; one process)
   --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
   --resume DIR        continue from the latest save in DIR
   --save-model FILE   write an llm.c checkpoint after the last step
@@ -224,6 +301,11 @@ options parse_options(const std::vector<std::string>& args) {
         }
         else if (a == "--subgroup") o.subgroup = static_cast<std::size_t>(parse_int(a, value(), 1, INT64_MAX));
         else if (a == "--buffers") o.buffers = static_cast<int>(parse_int(a, value(), 3, 1 << 16));
+        else if (a == "--update-under-forward") {
+            std::string v = value();
+            if (v != "on" && v != "off") bad_flag(a, "must be on or off, got '" + v + "'");
+            o.update_under_forward = v == "on";
+        }
         else if (a == "--save") o.save_dir = value();
         else if (a == "--save-every") o.save_every = static_cast<int>(parse_int(a, value(), 1, 1 << 30));
         else if (a == "--resume") o.resume_dir = value();
@@ -371,7 +453,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           std::to_string(config.max_seq_len));
     gpt2 model(config, pool);
     if (init_params.empty()) model.init_gpt2(opt.seed);
-    else std::copy(init_params.begin(), init_params.end(), model.params().begin());
+    else model.load_llmc_params(init_params);
 
     // 3. The tokens.
     std::vector<std::uint16_t> tokens;
@@ -469,7 +551,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         checkpoint ck = read_checkpoint(dir / "model.bin");
         if (!(ck.config == config))
             throw input_error((dir / "model.bin").string() + ": the saved model's config differs from this run's");
-        std::copy(ck.params.begin(), ck.params.end(), model.params().begin());
+        model.load_llmc_params(ck.params);
         state = read_state(dir / "train.state");
         if (!std::filesystem::is_directory(dir / shard_name))
             throw input_error((dir / shard_name).string() + ": missing (was the save made with another number of ranks?)");
@@ -487,7 +569,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     std::vector<float> losses;
     double flops_tok = flops_per_token(config, T);
     struct totals_t {
-        double fwd = 0, bwd = 0, upd = 0, io = 0, total = 0;
+        double fwd = 0, bwd = 0, upd = 0, io = 0, total = 0, param_wait = 0;
         std::size_t act_peak = 0;        // after the first step (the stash profiles on it)
         std::size_t act_peak_first = 0;  // the first step
         int steps = 0, skipped = 0;
@@ -510,6 +592,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     // What keeping every activation would hold: the layers plus the model's own buffers, which
     // the first forward allocates.
     auto all_kept_bytes = [&] { return layer_act_bytes + model.fixed_activation_bytes(); };
+    // The offloaded optimizer's ascending steps run under the next forward (deferred_update),
+    // in one process: with ranks, the parameter gather needs every shard's update first.
+    deferred_update deferred;
+    optim->on_progress([&deferred](std::size_t done) { deferred.progress(done); });
+    int steps_deferred = 0;
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
         const double cpu0 = process_cpu_ms();
@@ -517,9 +604,19 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         store->reset_peak();
         // The optimizer state of the first subgroups the update visits does not depend on this
         // step's gradients: an offloaded optimizer reads it while forward and backward compute.
-        optim->prefetch();
+        // (With an update still running, the pipeline is that update's: prefetch after it.)
+        if (!deferred.running()) optim->prefetch();
         auto tf = clock_type::now();
-        float local_loss = model.forward(inputs.data(), targets.data(), rows, T, *store);
+        gpt2::param_gate gate;
+        if (deferred.running())
+            gate = [&](int layer) { deferred.wait_for(model.layout().layer_range(layer).second); };
+        float local_loss = model.forward(inputs.data(), targets.data(), rows, T, *store, gate);
+        if (deferred.running()) {
+            auto [u0, u1] = deferred.finish();
+            if (recorder)
+                recorder->complete(compute_track, "optimizer step (under forward " + std::to_string(step) + ")", u0, u1);
+            optim->prefetch();  // the next update's first reads now run under backward
+        }
         auto tb = clock_type::now();
         // Each rank's loss is the mean over its rows: weighted by rows/B, the gradients summed
         // over the ranks are those of the global mean.
@@ -557,13 +654,24 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             recorder->complete(compute_track, "gradient check", tu, tv);
             if (nranks > 1) recorder->complete(compute_track, "overflow verdict", tv, tc);
         }
-        double io_wait = model.times().act_wait_ms;
+        // I/O wait: activations in backward, and forward's waits for parameters still being
+        // updated (a deferred step: its own waits ran under the forward).
+        double io_wait = model.times().act_wait_ms + model.times().param_wait_ms;
+        bool deferred_now = false;
         if (finite) {
             ++state.adam_steps;
-            optim->step(state.adam_steps, state.loss_scale, mine, model.params().subspan(lo, hi - lo));
-            io_wait += optim->last_io_wait_ms();
+            const bool save_due = !opt.save_dir.empty() && (step + 1) % opt.save_every == 0;
+            deferred_now = opt.update_under_forward && nranks == 1 && step + 1 < opt.steps && !save_due && optim->next_step_ascending();
+            if (deferred_now) {
+                deferred.start([o = optim.get(), t = state.adam_steps, scale = state.loss_scale, mine,
+                                params = model.params().subspan(lo, hi - lo)] { o->step(t, scale, mine, params); });
+                ++steps_deferred;
+            } else {
+                optim->step(state.adam_steps, state.loss_scale, mine, model.params().subspan(lo, hi - lo));
+                io_wait += optim->last_io_wait_ms();
+            }
             auto tg = clock_type::now();
-            if (recorder) recorder->complete(compute_track, "optimizer step", tc, tg);
+            if (recorder && !deferred_now) recorder->complete(compute_track, "optimizer step", tc, tg);
             dist::allgather(model.params(), shard);
             comm_ms += ms_since(tg);
             if (recorder && nranks > 1) recorder->complete(compute_track, "parameter gather", tg, clock_type::now());
@@ -591,10 +699,13 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         totals.bwd += model.times().backward_ms;
         totals.upd += upd_ms;
         totals.io += io_wait;
+        totals.param_wait += model.times().param_wait_ms;
         totals.total += step_ms;
         if (report) {
             report->step_ms.push_back(step_ms);
             report->cpu_ms.push_back(process_cpu_ms() - cpu0);
+            report->param_wait_ms.push_back(model.times().param_wait_ms);
+            report->update_deferred.push_back(deferred_now);
             report->forward_ms.push_back(model.times().forward_ms);
             report->backward_ms.push_back(model.times().backward_ms);
             report->update_ms.push_back(upd_ms);
@@ -607,14 +718,19 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         if (!finite) ++totals.skipped;
         if (opt.json) {
             // cpu_ms: this process's CPU time in the step, all threads; act_all_kept_bytes:
-            // what keeping every layer's activations would hold (act_peak_bytes' reference).
-            char buf[640];
+            // what keeping every layer's activations would hold (act_peak_bytes' reference);
+            // param_wait_ms: forward waiting for the previous step's deferred update (part of
+            // forward_ms and io_wait_ms); update_deferred: this step's update runs under the
+            // next forward (update_ms is then only the gradient check).
+            char buf[768];
             std::snprintf(buf, sizeof buf,
                           "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
                           "\"act_all_kept_bytes\":%zu,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,"
-                          "\"io_wait_ms\":%.3f,\"comm_ms\":%.3f,\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
+                          "\"io_wait_ms\":%.3f,\"param_wait_ms\":%.3f,\"update_deferred\":%s,\"comm_ms\":%.3f,"
+                          "\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
                           static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak, all_kept_bytes(),
-                          model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait, comm_ms,
+                          model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
+                          model.times().param_wait_ms, deferred_now ? "true" : "false", comm_ms,
                           process_cpu_ms() - cpu0, static_cast<double>(state.loss_scale), finite ? "false" : "true");
             out << buf << std::flush;
         } else if (!opt.quiet) {
@@ -624,7 +740,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           static_cast<long long>(step + 1), opt.steps, static_cast<double>(loss), tok_s,
                           model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
                           nranks > 1 ? (" comm " + std::to_string(comm_ms).substr(0, 6)).c_str() : "",
-                          finite ? "" : " (overflow: step skipped)");
+                          !finite ? " (overflow: step skipped)" : deferred_now ? " (update under the next forward)" : "");
             out << buf << std::flush;
         }
         if (!opt.save_dir.empty() && (step + 1) % opt.save_every == 0) {
@@ -641,7 +757,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             optim->save(tmp / shard_name);
             dist::barrier();
             if (rank == 0) {
-                write_checkpoint(tmp / "model.bin", config, model.params());
+                write_checkpoint(tmp / "model.bin", config, model.llmc_params());
                 write_state(tmp / "train.state", state);
                 fsync_dir(tmp);
                 std::filesystem::remove_all(opt.save_dir / name, ec);
@@ -665,7 +781,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         report->flops_per_step = flops_tok * static_cast<double>(BT);
         report->params = nparams;
     }
-    if (!opt.save_model.empty() && rank == 0) write_checkpoint(opt.save_model, config, model.params());
+    if (!opt.save_model.empty() && rank == 0) write_checkpoint(opt.save_model, config, model.llmc_params());
     if (recorder) {
         try {
             recorder->save(trace_file);
@@ -690,6 +806,13 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                       "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
                       totals.total / n, totals.fwd / n, totals.bwd / n, totals.upd / n, totals.io / n);
         out << buf;
+        if (steps_deferred > 0) {
+            std::snprintf(buf, sizeof buf,
+                          "  deferred update %d of %d updates ran under the next forward; forward waited %.1f ms per "
+                          "step for their parameters\n",
+                          steps_deferred, totals.steps - totals.skipped, totals.param_wait / n);
+            out << buf;
+        }
         const double all_kept = static_cast<double>(all_kept_bytes());
         const double peak = static_cast<double>(totals.steps > 1 ? totals.act_peak : totals.act_peak_first);
         char line[256];

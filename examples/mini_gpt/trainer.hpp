@@ -48,6 +48,7 @@ struct options {
     std::size_t act_budget_mib = 0;    // --act-budget MiB for the stash (0: one layer's worth)
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
     int buffers = 6;                   // --buffers N: host buffers of the update pipeline
+    bool update_under_forward = true;  // --update-under-forward on|off
     std::filesystem::path save_dir;    // --save DIR
     int save_every = 50;               // --save-every K
     std::filesystem::path resume_dir;  // --resume DIR
@@ -80,6 +81,8 @@ void fill_batch(const std::vector<std::uint16_t>& tokens, std::int64_t k, int B,
 struct run_report {
     std::vector<double> step_ms, forward_ms, backward_ms, update_ms, io_wait_ms;
     std::vector<double> cpu_ms;  // CPU time of the whole process (all threads) per step
+    std::vector<double> param_wait_ms;  // forward waiting for a deferred update's parameters
+    std::vector<bool> update_deferred;  // the step's update ran under the next forward
     std::vector<std::size_t> act_peak_bytes;
     std::size_t all_kept_bytes = 0;  // activations if every layer were kept in memory
     std::size_t layer_act_bytes = 0; // the layer blocks alone (what --act-split offload moves)

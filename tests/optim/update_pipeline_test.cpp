@@ -15,11 +15,14 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/temp_dir.hpp"
@@ -902,6 +905,67 @@ TEST_CASE("master params in the caller's memory: bit-identical, 8 bytes per para
         const std::size_t reads = k == 0 ? n : n - 3;
         CHECK(pipe.last_stats().bytes_read == reads * 8 * subgroup);
         CHECK(pipe.last_stats().bytes_written == (n - 3) * 8 * subgroup);
+    }
+}
+
+TEST_CASE("on_subgroup_updated: each subgroup once, in visiting order, its params final when announced") {
+    // The trainer's pattern: update() on a thread of its own, the main thread reading each
+    // subgroup's params as soon as they are announced while the rest of the update runs.
+    test::temp_dir dir("pipe-announce");
+    file_tier<> tier(dir.path());
+    const std::size_t n = 9, count = params_total;
+    auto init = make_params(count, 17);
+    std::vector<float> params = init;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::size_t> announced;  // subgroups, in the order announced
+    pipeline_options opt;
+    opt.master_params = params;
+    opt.on_subgroup_updated = [&](std::size_t s) {
+        std::lock_guard lock(mu);
+        announced.push_back(s);
+        cv.notify_all();
+    };
+    update_pipeline<file_tier<>, bfloat16, float> pipe(
+        tier, {.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()}, params, opt);
+    REQUIRE(pipe.subgroup_count() == n);
+    reference<bfloat16, float> ref(init, 0.0);
+    for (int k = 0; k < 4; ++k) {
+        auto g = make_grads<bfloat16>(count, 300 + static_cast<unsigned>(k), 1.0f, /*with_inf=*/k == 2);
+        const auto order = pipe.next_order();
+        {
+            std::lock_guard lock(mu);
+            announced.clear();
+        }
+        step_result res{};
+        std::thread updater([&] { res = pipe.update(g, params); });
+        const auto expected = ref.step(g, 1.0f);
+        std::vector<std::vector<float>> seen;  // each subgroup's params when announced
+        if (expected == step_result::applied) {
+            for (std::size_t p = 0; p < n; ++p) {
+                std::unique_lock lock(mu);
+                cv.wait(lock, [&] { return announced.size() > p; });
+                const std::size_t s = announced[p];
+                lock.unlock();
+                CHECK(s == order[p]);
+                auto slice = std::span<const float>(params).subspan(s * subgroup, pipe.subgroup_elements(s));
+                seen.emplace_back(slice.begin(), slice.end());
+            }
+        }
+        updater.join();
+        REQUIRE(res == expected);
+        if (res == step_result::skipped_overflow) {
+            CHECK(announced.empty());
+            continue;
+        }
+        CHECK(announced.size() == n);
+        CHECK_MESSAGE(bits_equal(params, ref.p), "params differ after step " << k);
+        for (std::size_t p = 0; p < n; ++p) {
+            const std::size_t s = order[p];
+            std::vector<float> final_slice(params.begin() + static_cast<std::ptrdiff_t>(s * subgroup),
+                                           params.begin() + static_cast<std::ptrdiff_t>(s * subgroup + pipe.subgroup_elements(s)));
+            CHECK_MESSAGE(bits_equal(seen[p], final_slice), "subgroup " << s << " changed after it was announced");
+        }
     }
 }
 

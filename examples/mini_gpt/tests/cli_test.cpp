@@ -178,6 +178,7 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         expect_refused(run(d, {"--bogus"}), {"--bogus", "unknown flag"});
         expect_refused(run(d, {"--offload", "disk"}), {"--offload", "disk"});
         expect_refused(run(d, {"--grad-dtype", "fp8"}), {"--grad-dtype", "fp8"});
+        expect_refused(run(d, {"--update-under-forward", "maybe"}), {"--update-under-forward", "maybe"});
         expect_refused(run(d, {"--batch", "zero"}), {"--batch", "zero"});
         expect_refused(run(d, {"--resume", (d / "nosave").string()}), {"nosave", "latest"});
     }
@@ -266,6 +267,13 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     }
     CHECK(n == 3);
     for (const auto& cpu : json_values(r.out, "cpu_ms")) CHECK(std::stod(cpu) > 0);
+    // The first update (ascending) ran under the second step's forward; the second
+    // (descending) and the last did not; only a step after a deferred one can wait.
+    CHECK(json_values(r.out, "update_deferred") == std::vector<std::string>{"true", "false", "false"});
+    auto waits = json_values(r.out, "param_wait_ms");
+    REQUIRE(waits.size() == 3);
+    CHECK(std::stod(waits[0]) == 0.0);
+    CHECK(std::stod(waits[2]) == 0.0);
     // In memory, the activation peak is exactly what keeping every activation holds, from
     // the first step on (the model's own buffers included).
     auto kept = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--json", "--offload", "none"});
@@ -274,8 +282,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     CHECK(json_values(kept.out, "act_all_kept_bytes").size() == 2);
     auto trace = slurp(d / "trace.json");
     CHECK(trace.find("\"traceEvents\"") != std::string::npos);
-    for (const char* name : {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step", "save layer 1",
-                             "load layer 0"})
+    for (const char* name : {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step",
+                             "optimizer step (under forward 1)", "save layer 1", "load layer 0"})
         CHECK(trace.find(name) != std::string::npos);
     // One process: no exchange between ranks, and only the file asked for.
     CHECK(trace.find("gradient exchange") == std::string::npos);
@@ -289,7 +297,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
                                                                (d / "p").string(), "--lock-dir", (d / "locks").string()});
     REQUIRE(table.status == 0);
     for (const char* s : {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
-                          "activations", "stash", "optimizer", "resident set"})
+                          "activations", "stash", "optimizer", "resident set", "(update under the next forward)",
+                          "deferred update 1 of 2 updates ran under the next forward"})
         CHECK(table.out.find(s) != std::string::npos);
     // The matmul line names the kernels OpenBLAS runs: the child inherits this process's
     // environment, so its OpenBLAS picks what this one picked.

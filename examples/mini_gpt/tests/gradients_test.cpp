@@ -18,7 +18,7 @@ namespace {
 double reference_loss(const gpt2_config& c, const std::vector<double>& w, const std::vector<int>& in,
                       const std::vector<int>& tg, int B, int T) {
     param_layout lay(c);
-    auto P = [&](int tensor) { return w.data() + lay.offsets[static_cast<std::size_t>(tensor)]; };
+    auto P = [&](int tensor) { return w.data() + lay.llmc_offsets[static_cast<std::size_t>(tensor)]; };
     const int C = c.channels, L = c.num_layers, NH = c.num_heads, hs = C / NH, V = c.vocab_size;
     const int Vp = c.padded_vocab_size;
     auto idx = [](int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); };
@@ -113,10 +113,14 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
     std::mt19937_64 rng(42);
     std::normal_distribution<float> nd(0.0f, 0.15f);
     param_layout lay(c);
-    for (std::size_t i = 0; i < model.params().size(); ++i) model.params()[i] = nd(rng);
+    // The reference reads llm.c's order; the model keeps its own (layer-major): the checks
+    // below go through the conversion, so they test it too.
+    std::vector<float> llmc(lay.total);
+    for (auto& x : llmc) x = nd(rng);
     for (int tensor : {2, 8, 14})  // LayerNorm weights around 1
         for (std::size_t i = 0; i < lay.sizes[static_cast<std::size_t>(tensor)]; ++i)
-            model.params()[lay.offsets[static_cast<std::size_t>(tensor)] + i] += 1.0f;
+            llmc[lay.llmc_offsets[static_cast<std::size_t>(tensor)] + i] += 1.0f;
+    model.load_llmc_params(llmc);
     std::vector<int> in(B * T), tg(B * T);
     std::uniform_int_distribution<int> tok(0, c.vocab_size - 1);
     for (auto& x : in) x = tok(rng);
@@ -129,7 +133,11 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
     const float loss_scale = 4.0f;  // a power of two: the scaled gradients are exact multiples
     model.backward(loss_scale, store);
 
-    std::vector<double> w(model.params().begin(), model.params().end());
+    const std::vector<float> llmc_params = model.llmc_params();
+    CHECK(llmc_params == llmc);
+    std::vector<float> grads(lay.total);
+    lay.to_llmc_order(model.grads(), grads);
+    std::vector<double> w(llmc_params.begin(), llmc_params.end());
     double ref = reference_loss(c, w, in, tg, B, T);
     CHECK(std::abs(loss - ref) <= 1e-5 * std::abs(ref));
 
@@ -138,7 +146,7 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
     int checked = 0;
     double worst = 0;
     for (int tensor = 0; tensor < num_param_tensors; ++tensor) {
-        std::size_t off = lay.offsets[static_cast<std::size_t>(tensor)], n = lay.sizes[static_cast<std::size_t>(tensor)];
+        std::size_t off = lay.llmc_offsets[static_cast<std::size_t>(tensor)], n = lay.sizes[static_cast<std::size_t>(tensor)];
         std::size_t stride = std::max<std::size_t>(1, n / 24);
         for (std::size_t i = (static_cast<std::size_t>(tensor) * 7) % stride; i < n; i += stride) {
             std::size_t k = off + i;
@@ -149,7 +157,7 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
             double lm = reference_loss(c, w, in, tg, B, T);
             w[k] = saved;
             double fd = (lp - lm) / (2 * h);
-            double an = model.grads()[k] / loss_scale;
+            double an = grads[k] / loss_scale;
             double err = std::abs(an - fd);
             worst = std::max(worst, err / (1e-4 + std::abs(fd)));
             INFO("tensor " << param_names[static_cast<std::size_t>(tensor)] << " index " << i << ": analytic " << an
@@ -158,11 +166,11 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
             ++checked;
         }
     }
-    CHECK(std::all_of(model.grads().begin(), model.grads().end(), [](float g) { return std::isfinite(g); }));
+    CHECK(std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); }));
     MESSAGE("checked " << checked << " gradient entries, worst relative error " << worst);
     // The padded rows of wte never get a gradient.
     for (std::size_t i = static_cast<std::size_t>(c.vocab_size * c.channels); i < lay.sizes[0]; ++i)
-        REQUIRE(model.grads()[i] == 0.0f);
+        REQUIRE(grads[i] == 0.0f);
 }
 
 TEST_CASE("forward and backward give the same bits run to run, and the same as one thread") {
@@ -187,6 +195,43 @@ TEST_CASE("forward and backward give the same bits run to run, and the same as o
     CHECK(a.second == b.second);
     auto one = run(0);  // one thread: sums in the same order per output element
     CHECK(std::abs(one.first - a.first) <= 1e-6f * a.first);
+}
+
+TEST_CASE("forward asks its param_gate for each layer in order, before it reads that layer") {
+    // The gate is how a trainer lets forward start while the optimizer still updates the
+    // parameters: here every parameter is zero until the gate for its layer put it back, so
+    // a kernel that read a layer before asking would change the loss.
+    spillway::thread_pool pool(1);
+    gpt2_config c = tiny_config();
+    const int B = 2, T = 8;
+    std::vector<int> in(B * T), tg(B * T);
+    for (int i = 0; i < B * T; ++i) {
+        in[static_cast<std::size_t>(i)] = (i * 5 + 1) % c.vocab_size;
+        tg[static_cast<std::size_t>(i)] = (i * 11 + 3) % c.vocab_size;
+    }
+    gpt2 model(c, pool);
+    model.init_gpt2(3);
+    in_memory_store store(c, B, T);
+    const float expected = model.forward(in.data(), tg.data(), B, T, store);
+    const std::vector<float> saved(model.params().begin(), model.params().end());
+    std::fill(model.params().begin(), model.params().end(), 0.0f);
+    std::vector<int> asked;
+    const param_layout& lay = model.layout();
+    std::size_t covered = 0;  // the layers' ranges tile the block in order
+    float loss = model.forward(in.data(), tg.data(), B, T, store, [&](int layer) {
+        asked.push_back(layer);
+        auto [begin, end] = lay.layer_range(layer);
+        CHECK(begin == covered);
+        covered = end;
+        std::copy(saved.begin() + static_cast<std::ptrdiff_t>(begin), saved.begin() + static_cast<std::ptrdiff_t>(end),
+                  model.params().begin() + static_cast<std::ptrdiff_t>(begin));
+    });
+    std::vector<int> order;
+    for (int l = -1; l <= c.num_layers; ++l) order.push_back(l);
+    CHECK(asked == order);
+    CHECK(covered == lay.total);
+    CHECK(loss == expected);
+    CHECK(model.times().param_wait_ms >= 0.0);
 }
 
 TEST_CASE("step-0 loss of a GPT-2-initialised model is near ln(V)") {

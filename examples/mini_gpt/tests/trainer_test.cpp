@@ -83,6 +83,48 @@ TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
     }
 }
 
+TEST_CASE("updates run under the next forward give the same bits, on ascending iterations only") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 3;
+    o.steps = 6;
+    o.subgroup = 2000;  // ~20 subgroups: each layer spans several
+    o.offload = offload_mode::optimizer;
+    o.grads = grad_dtype::bf16;
+    o.save_dir = dir.path() / "saves";
+    o.save_every = 3;  // saves after steps 2 and 5: those updates finish before the save
+    std::vector<std::vector<char>> models;
+    std::vector<std::vector<float>> losses;
+    for (bool under : {false, true}) {
+        options u = o;
+        u.update_under_forward = under;
+        u.save_model = dir.path() / (under ? "under.bin" : "sync.bin");
+        std::ostringstream out;
+        run_report report;
+        losses.push_back(train(u, out, &report));
+        models.push_back(file_bytes(u.save_model));
+        REQUIRE(report.update_deferred.size() == 6);
+        // Ascending iterations are steps 0, 2, 4; step 2 saves, the last step ends the run.
+        const std::vector<bool> expected = under ? std::vector<bool>{true, false, false, false, true, false}
+                                                 : std::vector<bool>(6, false);
+        CHECK(report.update_deferred == expected);
+        for (std::size_t k = 0; k < 6; ++k)
+            if (k == 0 || !report.update_deferred[k - 1]) CHECK(report.param_wait_ms[k] == 0.0);
+    }
+    CHECK(losses[0] == losses[1]);
+    CHECK(models[0] == models[1]);
+    // The in-memory optimizer never defers, and gives the same bits.
+    options m = o;
+    m.offload = offload_mode::none;
+    m.save_dir.clear();
+    m.save_model = dir.path() / "none.bin";
+    run_report report;
+    std::ostringstream out;
+    CHECK(train(m, out, &report) == losses[0]);
+    CHECK(file_bytes(m.save_model) == models[0]);
+    CHECK(report.update_deferred == std::vector<bool>(6, false));
+}
+
 TEST_CASE("every --act-split choice gives the same bits") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());

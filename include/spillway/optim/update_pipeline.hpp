@@ -111,6 +111,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -208,6 +209,14 @@ struct pipeline_options {
     std::span<float> master_params{};
     thread_pool* pool = nullptr;     ///< Adam's threads; nullptr: the shared pool
     trace::recorder* recorder = nullptr;     ///< timeline (tracks "reads", "compute", "writes")
+    /// Called by the thread that drives update(), once per subgroup in visiting order, as soon
+    /// as subgroup s's new params are written (the master params' slice, or copy_out's) and
+    /// before the call moves on; the call does not touch those params again. A trainer that
+    /// runs update() on a thread of its own can let its next forward use each layer's params
+    /// as they arrive, so that the rest of the update (its I/O above all) runs under the
+    /// forward. Not called for a skipped step; a failed call has called it for the subgroups
+    /// it finished, and a retried call calls it again for every subgroup. It must not throw.
+    std::function<void(std::size_t subgroup)> on_subgroup_updated{};
 };
 
 /// Per-call arguments.
@@ -909,6 +918,7 @@ private:
                 if (opts_.gradients == gradient_path::fp32_on_tier) wait_grad_read(b, s);
                 // Step 4: compute.
                 compute(b, s, target, args, grads, copy_out);
+                if (opts_.on_subgroup_updated) opts_.on_subgroup_updated(s);
                 // Step 5: hand the buffer on.
                 if (p + keep >= n_) {
                     bufs_[b].use = use_state::resident;
