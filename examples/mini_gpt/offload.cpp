@@ -185,6 +185,7 @@ private:
     spillway::pipeline_options options(std::span<float> params) const {
         spillway::pipeline_options o;
         o.master_params = params;
+        o.order = s_.order;
         o.key_prefix = s_.key_prefix;
         o.pool = s_.pool;
         o.recorder = s_.recorder;

@@ -18,6 +18,7 @@
 
 #include "gpt2.hpp"
 #include "spillway/optim/half.hpp"
+#include "spillway/optim/update_pipeline.hpp"
 #include "spillway/trace/recorder.hpp"
 
 namespace mini_gpt {
@@ -39,6 +40,10 @@ struct optimizer_settings {
     std::vector<std::filesystem::path> paths;     // storage paths (offloaded back end)
     std::filesystem::path lock_directory;         // node_lock files; empty: the library's default (/dev/shm)
     grad_dtype grads = grad_dtype::fp32;
+    /// The offloaded back end's visiting order: alternating (MLP-Offload's; the default) or
+    /// ascending every step (then every update, not every other, can run under the next
+    /// forward; the resident set is the top subgroups, served at the end of each walk).
+    spillway::subgroup_order order = spillway::subgroup_order::alternating;
     spillway::thread_pool* pool = nullptr;  // the Adam step's threads
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     std::string key_prefix = "optim";             // distinct per process on shared paths

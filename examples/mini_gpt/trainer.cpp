@@ -244,6 +244,8 @@ Usage: mini_gpt [flags]
   --update-under-forward on|off
                       run the offloaded optimizer's ascending updates under the next forward,
                       each layer waiting for its parameters (default on; one process)
+  --order O           the offloaded optimizer's subgroup order: alternating (default; every
+                      other update is ascending) or ascending (every update)
   --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
   --resume DIR        continue from the latest save in DIR
   --save-model FILE   write an llm.c checkpoint after the last step
@@ -301,7 +303,11 @@ options parse_options(const std::vector<std::string>& args) {
         }
         else if (a == "--subgroup") o.subgroup = static_cast<std::size_t>(parse_int(a, value(), 1, INT64_MAX));
         else if (a == "--buffers") o.buffers = static_cast<int>(parse_int(a, value(), 3, 1 << 16));
-        else if (a == "--update-under-forward") {
+        else if (a == "--order") {
+            std::string v = value();
+            if (v != "alternating" && v != "ascending") bad_flag(a, "must be alternating or ascending, got '" + v + "'");
+            o.ascending_order = v == "ascending";
+        } else if (a == "--update-under-forward") {
             std::string v = value();
             if (v != "on" && v != "off") bad_flag(a, "must be on or off, got '" + v + "'");
             o.update_under_forward = v == "on";
@@ -517,6 +523,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     if (!opt.lock_dir.empty()) os.lock_directory = opt.lock_dir;
     else if (temp_paths) os.lock_directory = temp_paths->path();
     os.grads = opt.grads;
+    os.order = opt.ascending_order ? spillway::subgroup_order::ascending : spillway::subgroup_order::alternating;
     os.pool = &pool;
     os.recorder = recorder.get();
     os.key_prefix = "optim-" + process_tag;

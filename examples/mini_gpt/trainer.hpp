@@ -49,6 +49,7 @@ struct options {
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
     int buffers = 6;                   // --buffers N: host buffers of the update pipeline
     bool update_under_forward = true;  // --update-under-forward on|off
+    bool ascending_order = false;      // --order alternating|ascending (the offloaded optimizer's)
     std::filesystem::path save_dir;    // --save DIR
     int save_every = 50;               // --save-every K
     std::filesystem::path resume_dir;  // --resume DIR

@@ -179,6 +179,7 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         expect_refused(run(d, {"--offload", "disk"}), {"--offload", "disk"});
         expect_refused(run(d, {"--grad-dtype", "fp8"}), {"--grad-dtype", "fp8"});
         expect_refused(run(d, {"--update-under-forward", "maybe"}), {"--update-under-forward", "maybe"});
+        expect_refused(run(d, {"--order", "random"}), {"--order", "random"});
         expect_refused(run(d, {"--batch", "zero"}), {"--batch", "zero"});
         expect_refused(run(d, {"--resume", (d / "nosave").string()}), {"nosave", "latest"});
     }

@@ -113,6 +113,18 @@ TEST_CASE("updates run under the next forward give the same bits, on ascending i
     }
     CHECK(losses[0] == losses[1]);
     CHECK(models[0] == models[1]);
+    {
+        // --order ascending: every update walks upwards, so each one but those before a save
+        // and the last runs under the next forward; the same bits again.
+        options a = o;
+        a.ascending_order = true;
+        a.save_model = dir.path() / "ascending.bin";
+        std::ostringstream out;
+        run_report report;
+        CHECK(train(a, out, &report) == losses[0]);
+        CHECK(file_bytes(a.save_model) == models[0]);
+        CHECK(report.update_deferred == std::vector<bool>{true, true, false, true, true, false});
+    }
     // The in-memory optimizer never defers, and gives the same bits.
     options m = o;
     m.offload = offload_mode::none;
