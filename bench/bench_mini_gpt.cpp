@@ -114,13 +114,14 @@ std::vector<double> after_first(const std::vector<T>& v) {
 /// The median over two-step cycles after the first (warm-up) step of each cycle's mean: the
 /// alternating order makes consecutive steps differ (an ascending update runs under the next
 /// step's forward, a descending one in its own step), so a cycle is the unit a step time
-/// means; an odd step left at the end is dropped.
+/// means; an odd step left at the end is dropped. A run too short for one cycle: the median
+/// step after the first (as scripts/bench_report.py's step_median).
 template <class T>
 double cycle_median(const std::vector<T>& v) {
     std::vector<double> cycles;
     for (std::size_t k = 1; k + 1 < v.size(); k += 2)
         cycles.push_back((static_cast<double>(v[k]) + static_cast<double>(v[k + 1])) / 2);
-    return median(cycles);
+    return cycles.empty() ? median(after_first(v)) : median(cycles);
 }
 
 /// Seconds of `reps` M=N=K=n products through the trainer's matmul path (median).
