@@ -226,23 +226,34 @@ public:
             throw input_error(dir_.string() + ": cannot use it for activations: " + e.what());
         }
         auto sizes = layer_acts::tensor_floats(c, B, T);
+        // Bytes as the stash counts them: buffer capacities (allocate() rounds each tensor up
+        // to the I/O alignment).
         std::size_t layer_bytes = 0;
         for (std::size_t i = 0; i < sizes.size(); ++i) {
             bytes_[i] = sizes[i] * sizeof(float);
-            layer_bytes += bytes_[i];
+            layer_bytes += spillway::align_up(bytes_[i]);
         }
         spillway::stash_options o;
         o.keep_below_bytes = 64 << 10;   // LayerNorm statistics stay; everything else may go
         std::size_t small = 0;
         for (std::size_t b : bytes_)
-            if (b < o.keep_below_bytes) small += b;
+            if (b < o.keep_below_bytes) small += spillway::align_up(b);
         // The budget is what makes offloading lower the peak whatever the disk's speed: a save
-        // that finds it full waits for writes. Default: one layer plus every layer's kept
-        // statistics and 1 MiB of slack. Forward then holds at most two layers (the one it
+        // that finds it full waits for writes. Default: the largest layer scope backward loads
+        // at once, the last layer's (its input, its twelve tensors and its output: a layer
+        // block and one more (B,T,C) tensor), plus every layer's kept statistics; exactly, so
+        // that any batch fits (a fixed slack did not: the last layer's load failed once a
+        // (B,T,C) tensor outgrew it). Forward then holds at most two layers (the one it
         // computes and the one being written); backward gives each tensor back after its last
         // use (done_with), and the room it frees is where layer l-1 is prefetched.
-        o.memory_budget = s.memory_budget > 0 ? s.memory_budget
-                                              : layer_bytes + small * static_cast<std::size_t>(c.num_layers) + (1 << 20);
+        const std::size_t least = layer_bytes + spillway::align_up(bytes_[layer_acts::residual3_i]) +
+                                  small * static_cast<std::size_t>(c.num_layers);
+        if (s.memory_budget > 0 && s.memory_budget < least)
+            throw input_error("--act-budget: " + human(static_cast<double>(s.memory_budget)) + " is below the " +
+                              human(static_cast<double>(least)) +
+                              " the last layer's backward loads at once (its input, tensors and output, with every "
+                              "layer's LayerNorm statistics) at this batch and sequence length");
+        o.memory_budget = s.memory_budget > 0 ? s.memory_budget : least;
         if (s.first_kept_layer < 0) {
             o.split = spillway::split_mode::adaptive;
         } else if (s.first_kept_layer >= c.num_layers) {
