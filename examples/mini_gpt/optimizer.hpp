@@ -103,7 +103,7 @@ struct store_settings {
     std::string key_prefix = "act";                 // distinct per process on shared paths
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
-    std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: one layer's worth
+    std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: the least it needs (about one layer)
 };
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings);

@@ -238,7 +238,8 @@ Usage: mini_gpt [flags]
                       dir); every process that shares a --path must use the same one
   --act-split S       which layers' activations stay in memory: adaptive (TBA's rule from a
                       profiling step; default), offload (none stay), or K (layers K.. stay)
-  --act-budget MiB    most bytes the activation stash holds (default: one layer's worth)
+  --act-budget MiB    most bytes the activation stash holds (default and least: what the
+                      last layer's backward loads at once, about one layer)
   --subgroup N        parameters per optimizer subgroup (default 65536)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --update-under-forward on|off
