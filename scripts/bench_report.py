@@ -1073,8 +1073,18 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
                 note = "" if suffices is None else (", path bandwidth suffices" if suffices else
                                                     ", path bandwidth short of the goal's premise")
                 fw, fn = full.get("forward_write_floor_ms"), full.get("forward_ms_none")
+                # The path rows (_shm, _2path) pair with `none` runs of their model.
+                model_none = by.get((re.sub(r"_(shm|2path)$", "", cfg), "none", 1))
+                floor = full.get("path_floor_ms")
+                step = model_none.get("ms_per_step") if model_none else None
+                parts = []
+                if suffices is not None and floor is not None and step is not None:
+                    parts.append(f"the step's path traffic {fmt(floor, 0)} ms at the path's bandwidth, "
+                                 f"`none`'s step {fmt(step, 0)} ms")
                 if suffices is not None and fw is not None and fn is not None:
-                    note += f" (forward's writes {fmt(fw, 1)} ms at the path's write bandwidth, forward {fmt(fn, 1)} ms)"
+                    parts.append(f"forward's writes {fmt(fw, 1)} ms at the path's write bandwidth, forward {fmt(fn, 1)} ms")
+                if parts:
+                    note += " (" + "; ".join(parts) + ")"
                 heads.append(Headline(f"mini-GPT {cfg}: `all` against `none`",
                                       f"step ≤ {GPT_GOAL_ALL_VS_NONE}x (when the bandwidth suffices), activation "
                                       f"peak ≤ {GPT_GOAL_PEAK}", f"step {fmt(ratio)}x, peak {fmt(peak)}{note}",
