@@ -57,6 +57,23 @@ std::vector<std::byte> read_file(const std::filesystem::path& path) {
     return out;
 }
 
+void create_private_dirs(const std::filesystem::path& dir, std::error_code& ec) {
+    ec.clear();
+    std::vector<std::filesystem::path> missing;  // leaf first
+    for (auto p = dir; !p.empty() && !std::filesystem::exists(p, ec); p = p.parent_path()) {
+        if (ec) return;
+        missing.push_back(p);
+        if (p == p.parent_path()) break;
+    }
+    if (ec) return;
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+        if (::mkdir(it->c_str(), 0700) != 0 && errno != EEXIST) {
+            ec.assign(errno, std::generic_category());
+            return;
+        }
+    }
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes) {
     std::filesystem::path tmp = path;
     tmp += ".tmp";

@@ -17,6 +17,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "gpt2.hpp"
@@ -54,6 +55,9 @@ void write_tokens(const std::filesystem::path& path, std::span<const std::uint16
 
 /// Writes `bytes` to `path` through path.tmp + fsync + rename, mode 0600.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+/// Creates `dir` and its missing parents, each new one with mode 0700 (the user's alone, as
+/// the files in it); directories that already exist keep their mode. Reports failure in `ec`.
+void create_private_dirs(const std::filesystem::path& dir, std::error_code& ec);
 
 /// Reads a whole file; throws input_error naming the path and errno text.
 std::vector<std::byte> read_file(const std::filesystem::path& path);

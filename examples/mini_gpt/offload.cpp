@@ -51,7 +51,7 @@ std::string human(double b) {
 /// Creates `dir` (and parents) or throws input_error naming it.
 void make_dir(const std::filesystem::path& dir) {
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
+    create_private_dirs(dir, ec);
     if (ec) throw input_error(dir.string() + ": cannot create directory: " + ec.message());
 }
 

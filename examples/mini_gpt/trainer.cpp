@@ -164,7 +164,8 @@ std::string human_bytes(double b) {
 
 // ---- Save and resume ------------------------------------------------------------------------
 // A save directory holds one folder per save (step-NNNNNNNN/: model.bin in llm.c's format,
-// optimizer state, train.state) and a file `latest` naming the newest complete one. Protocol:
+// optimizer state, train.state) and a file `latest` naming the newest complete one; the
+// folders the trainer creates are 0700 and its files 0600 (the user's alone). Protocol:
 //  1. write everything into step-N.tmp/ (each file fsynced);
 //  2. rename step-N.tmp/ to step-N/;
 //  3. replace `latest` atomically (write latest.tmp, fsync, rename);
@@ -345,10 +346,18 @@ void fsync_dir(const std::filesystem::path& dir) {
     }
 }
 
+/// Creates a folder of a save (mode 0700, see create_private_dirs); throws
+/// std::filesystem::filesystem_error naming it on failure.
+void make_save_dir(const std::filesystem::path& dir) {
+    std::error_code ec;
+    create_private_dirs(dir, ec);
+    if (ec) throw std::filesystem::filesystem_error("cannot create the save folder", dir, ec);
+}
+
 /// Makes sure `dir` exists and is writable; throws input_error naming it otherwise.
 void ensure_writable_dir(const std::filesystem::path& dir, const char* flag) {
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
+    create_private_dirs(dir, ec);
     if (ec) throw input_error(dir.string() + ": cannot create " + flag + " directory: " + ec.message());
     if (!std::filesystem::is_directory(dir)) throw input_error(dir.string() + ": " + flag + " is not a directory");
     auto probe = dir / (".mini_gpt-probe-" + std::to_string(::getpid()));
@@ -758,10 +767,10 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             std::error_code ec;
             if (rank == 0) {
                 std::filesystem::remove_all(tmp, ec);
-                std::filesystem::create_directories(tmp);
+                make_save_dir(tmp);
             }
             dist::barrier();
-            std::filesystem::create_directories(tmp / shard_name);
+            make_save_dir(tmp / shard_name);
             optim->save(tmp / shard_name);
             dist::barrier();
             if (rank == 0) {

@@ -2,6 +2,8 @@
 // exact, the loss falls, batches are taken as llm.c takes them.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -205,6 +207,40 @@ TEST_CASE("the default activation budget holds the last layer's backward at any 
     o.steps = 2;
     REQUIRE(static_cast<std::size_t>(o.batch * o.seq * o.channels) * sizeof(float) > (std::size_t{1} << 20));
     check_act_splits(o, offload_mode::all, {-1, 1 << 30});
+}
+
+TEST_CASE("what the trainer creates is the user's alone: folders 0700, files 0600") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.paths = {dir.path() / "new" / "p1", dir.path() / "new" / "p2"};
+    o.lock_dir = dir.path() / "new" / "locks";
+    o.offload = offload_mode::all;
+    o.steps = 2;
+    o.save_dir = dir.path() / "new" / "saves";
+    o.save_every = 1;
+    o.save_model = dir.path() / "model.bin";
+    const ::mode_t old_mask = ::umask(022);  // a usual umask: without care, folders would be 0755
+    run(o);
+    ::umask(old_mask);
+    std::size_t folders = 0, files = 0;
+    for (auto it = std::filesystem::recursive_directory_iterator(dir.path() / "new");
+         it != std::filesystem::recursive_directory_iterator(); ++it) {
+        struct ::stat st {};
+        REQUIRE(::lstat(it->path().c_str(), &st) == 0);
+        INFO(it->path().string());
+        if (S_ISDIR(st.st_mode)) {
+            ++folders;
+            CHECK((st.st_mode & 0777) == 0700);
+        } else {
+            ++files;
+            CHECK((st.st_mode & 0777) == 0600);
+        }
+    }
+    CHECK(folders >= 6);  // new, p1, p2, locks, saves, step-2, its shard, the optimizer's folder
+    CHECK(files >= 4);    // latest, model.bin, train.state, the optimizer's manifest, lock files
+    struct ::stat st {};
+    REQUIRE(::stat(o.save_model.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
 }
 
 TEST_CASE("grad dtypes differ from each other (the narrowing is real)") {
