@@ -222,7 +222,9 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
     const std::pair<std::size_t, std::size_t> shapes[] = {{3, 3}, {4, 3}, {5, 3}, {8, 3}, {13, 3}, {14, 3},
                                                           {8, 5}, {8, 8}, {16, 4}};
     for (auto order : {subgroup_order::alternating, subgroup_order::ascending}) {
-        for (auto [buffers, streaming] : shapes) {
+        for (const auto& shape : shapes) {
+            // Not a structured binding: clang 14 cannot capture one (CAPTURE's lambda).
+            const std::size_t buffers = shape.first, streaming = shape.second;
             CAPTURE(buffers);
             CAPTURE(streaming);
             CAPTURE(static_cast<int>(order));
