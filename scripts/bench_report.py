@@ -1073,10 +1073,11 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
                 note = "" if suffices is None else (", path bandwidth suffices" if suffices else
                                                     ", path bandwidth short of the goal's premise")
                 fw, fn = full.get("forward_write_floor_ms"), full.get("forward_ms_none")
-                # The path rows (_shm, _2path) pair with `none` runs of their model.
-                model_none = by.get((re.sub(r"_(shm|2path)$", "", cfg), "none", 1))
-                floor = full.get("path_floor_ms")
-                step = model_none.get("ms_per_step") if model_none else None
+                # The `none` step the premise was judged against: the paired runs' median, which
+                # path_needed_bytes_per_s divides the step's bytes by.
+                floor, moved, needed = (full.get(k) for k in
+                                        ("path_floor_ms", "path_bytes_per_step", "path_needed_bytes_per_s"))
+                step = moved / needed * 1e3 if moved and needed else None
                 parts = []
                 if suffices is not None and floor is not None and step is not None:
                     parts.append(f"the step's path traffic {fmt(floor, 0)} ms at the path's bandwidth, "
