@@ -422,6 +422,10 @@ constexpr float gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
 /// The GELU's inner argument u and its derivative du/dx.
 inline float gelu_u(float x) noexcept { return gelu_scale * (x + 0.044715f * x * x * x); }
 inline float gelu_du(float x) noexcept { return gelu_scale * (1.0f + 3.0f * 0.044715f * x * x); }
+/// exp(-2u) is clamped at exp(60) (x below about -6.9), where x / (1 + exp(-2u)) is below 1e-25
+/// in magnitude either way: never a denormal, even in the lanes a vectorised loop computes and
+/// discards (see exp_approx).
+constexpr float gelu_exp_upper = 60.0f;
 }  // namespace
 
 // 0.5 x (1 + tanh(u)) is written x * sigmoid(2u) = x / (1 + exp(-2u)): the same function
@@ -430,7 +434,7 @@ void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N
     parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
         for (std::size_t i = i0; i < i1; ++i) {
             const float x = inp[i];
-            out[i] = x / (1.0f + exp_approx(-2.0f * gelu_u(x)));
+            out[i] = x / (1.0f + exp_approx(-2.0f * gelu_u(x), gelu_exp_upper));
         }
     });
 }
@@ -440,7 +444,7 @@ void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float
     parallel_blocks(pool, N, 4096, [&](std::size_t i0, std::size_t i1) {
         for (std::size_t i = i0; i < i1; ++i) {
             const float x = inp[i];
-            const float e = exp_approx(-2.0f * gelu_u(x));
+            const float e = exp_approx(-2.0f * gelu_u(x), gelu_exp_upper);
             const float sig = 1.0f / (1.0f + e);
             const float grad = sig + 2.0f * x * gelu_du(x) * sig * (sig * e);
             dinp[i] = grad * dout[i];

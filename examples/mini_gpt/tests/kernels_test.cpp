@@ -54,6 +54,10 @@ TEST_CASE("exp_approx is within 4e-7 relative of exp, clamps instead of overflow
     CHECK(exp_approx(-1000.0f) < 2e-38f);
     CHECK(exp_approx(-std::numeric_limits<float>::infinity()) < 2e-38f);
     CHECK(std::isnan(exp_approx(std::numeric_limits<float>::quiet_NaN())));  // the fp16 overflow check sees it
+    // A lower upper bound clamps there and leaves the range below it as it was.
+    CHECK(exp_approx(100.0f, 60.0f) == exp_approx(60.0f));
+    CHECK(exp_approx(59.5f, 60.0f) == exp_approx(59.5f));
+    CHECK(exp_approx(-100.0f, 60.0f) == exp_approx(-100.0f));
 }
 
 TEST_CASE("GELU forward and backward match float64") {
