@@ -243,6 +243,21 @@ void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* 
     });
 }
 
+namespace {
+/// One row of LayerNorm's output from its mean m and rstd s (forward and its recompute).
+inline void layernorm_row(float* o, const float* x, float m, float s, const float* weight, const float* bias, int C) {
+    for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+}
+}  // namespace
+
+void layernorm_apply(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias,
+                     const float* mean, const float* rstd, int N, int C) {
+    pool.parallel_for(sz(N), [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r)
+            layernorm_row(out + r * sz(C), inp + r * sz(C), mean[r], rstd[r], weight, bias, C);
+    }, 4);
+}
+
 void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
     constexpr float eps = 1e-5f;
@@ -253,8 +268,7 @@ void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, 
             const float v =
                 lane_sum<float>(sz(C), [&](std::size_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<float>(C);
             float s = 1.0f / std::sqrt(v + eps);
-            float* o = out + r * sz(C);
-            for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+            layernorm_row(out + r * sz(C), x, m, s, weight, bias, C);
             mean[r] = m;
             rstd[r] = s;
         }
@@ -640,11 +654,14 @@ void gpt2::backward(float loss_scale, activation_store& store) {
         const layer_params pw = p.layer(l), gw = g.layer(l);
         // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))): dres is d residual3.
         // Each tensor is given back (done_with) after the last kernel that reads it.
+        if (a.recompute) gelu_forward(pool_, a.fch_gelu, a.fch, sz(BT) * 4 * Cs);
         matmul_backward(pool_, dfch_.data(), gw.fcprojw, gw.fcprojb, dres, a.fch_gelu,
                         pw.fcprojw, BT, 4 * C, C);
         store.done_with(l, layer_acts::fch_gelu_i);
         gelu_backward(pool_, dfch_.data(), a.fch, dfch_.data(), sz(BT) * 4 * Cs);
         store.done_with(l, layer_acts::fch_i);
+        if (a.recompute)
+            layernorm_apply(pool_, a.ln2, a.residual2, pw.ln2w, pw.ln2b, a.ln2_mean, a.ln2_rstd, BT, C);
         matmul_backward(pool_, dln_.data(), gw.fcw, gw.fcb, dfch_.data(), a.ln2,
                         pw.fcw, BT, C, 4 * C);
         store.done_with(l, layer_acts::ln2_i);
@@ -658,6 +675,7 @@ void gpt2::backward(float loss_scale, activation_store& store) {
         attention_backward(pool_, dqkv_.data(), datt_.data(), dscratch_.data(), a.qkv, a.att, B, T, C, NH);
         store.done_with(l, layer_acts::att_i);
         store.done_with(l, layer_acts::qkv_i);
+        if (a.recompute) layernorm_apply(pool_, a.ln1, residual, pw.ln1w, pw.ln1b, a.ln1_mean, a.ln1_rstd, BT, C);
         matmul_backward(pool_, dln_.data(), gw.qkvw, gw.qkvb, dqkv_.data(), a.ln1,
                         pw.qkvw, BT, C, 3 * C);
         store.done_with(l, layer_acts::ln1_i);

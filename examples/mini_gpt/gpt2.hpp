@@ -129,6 +129,15 @@ struct layer_acts {
         return {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch,
                 &fch_gelu, &residual3};
     }
+    /// True when a store did not keep ln1, ln2 and fch_gelu (recomputable()): they then point
+    /// to scratch buffers (ln1 and ln2 to the same one), and backward first recomputes each
+    /// of them, just before its first use (fch_gelu from fch, ln2 from residual2 and ln1 from
+    /// inp with the kept LayerNorm statistics), with the same kernels on the same inputs as
+    /// forward: the same bits, for two cheap elementwise passes instead of 6 (B,T,C)
+    /// tensors' worth of storage traffic each way.
+    bool recompute = false;
+    /// The tensors backward can recompute cheaply (see `recompute`).
+    static constexpr bool recomputable(int i) noexcept { return i == ln1_i || i == ln2_i || i == fch_gelu_i; }
     /// Floats of each owned tensor for batch B and time T, in declaration order.
     static std::array<std::size_t, num_tensors> tensor_floats(const gpt2_config& c, int B, int T);
     /// Floats in one layer block (the sum of tensor_floats).
@@ -263,6 +272,10 @@ void encoder_forward(thread_pool& pool, float* out, const int* inp, const float*
 void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
                       int C);
 // out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C)
+// out (N,C) = the LayerNorm of inp with the mean and rstd layernorm_forward computed: the same
+// bits as its out (backward's recompute)
+void layernorm_apply(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias,
+                     const float* mean, const float* rstd, int N, int C);
 void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
 // dinp (N,C) +=, dweight (C) =, dbias (C) = (overwritten)

@@ -17,6 +17,9 @@
 // tensors are saved the way a framework's ops save them, so the attention probabilities
 // are saved twice (by the softmax, as its output, and by the att @ v product, as its input)
 // and the stash stores them once (dedup). Small tensors (LayerNorm statistics) are kept.
+// What is cheaper to compute again than to move is not stored at all (store_settings::recompute,
+// --act-recompute): the two LayerNorm outputs and the GELU output, 6 of a layer's 16 (B,T,C)
+// floats per position, are recomputed in backward into two scratch buffers (layer_acts::recompute).
 #include <algorithm>
 #include <functional>
 #include <sstream>
@@ -218,7 +221,7 @@ class stash_store final : public activation_store {
 
 public:
     stash_store(const gpt2_config& c, int B, int T, const store_settings& s)
-        : config_(c), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder) {
+        : config_(c), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder), recompute_(s.recompute) {
         make_dir(dir_);
         try {
             tier_ = std::make_unique<tier_type>(dir_);
@@ -228,10 +231,13 @@ public:
         auto sizes = layer_acts::tensor_floats(c, B, T);
         // Bytes as the stash counts them: buffer capacities (allocate() rounds each tensor up
         // to the I/O alignment).
-        std::size_t layer_bytes = 0;
+        std::size_t layer_bytes = 0;   // a layer's buffers (what forward computes into)
+        std::size_t stored_bytes = 0;  // what the stash holds of a layer
         for (std::size_t i = 0; i < sizes.size(); ++i) {
             bytes_[i] = sizes[i] * sizeof(float);
             layer_bytes += spillway::align_up(bytes_[i]);
+            if (!stored(i)) continue;
+            stored_bytes += spillway::align_up(bytes_[i]);
         }
         spillway::stash_options o;
         o.keep_below_bytes = 64 << 10;   // LayerNorm statistics stay; everything else may go
@@ -240,13 +246,14 @@ public:
             if (b < o.keep_below_bytes) small += spillway::align_up(b);
         // The budget is what makes offloading lower the peak whatever the disk's speed: a save
         // that finds it full waits for writes. Default: the largest layer scope backward loads
-        // at once, the last layer's (its input, its twelve tensors and its output: a layer
-        // block and one more (B,T,C) tensor), plus every layer's kept statistics; exactly, so
+        // at once, the last layer's (its input, its stored tensors and its output: a layer
+        // block less what is recomputed, and one more (B,T,C) tensor), plus every layer's kept
+        // statistics; exactly, so
         // that any batch fits (a fixed slack did not: the last layer's load failed once a
         // (B,T,C) tensor outgrew it). Forward then holds at most two layers (the one it
         // computes and the one being written); backward gives each tensor back after its last
         // use (done_with), and the room it frees is where layer l-1 is prefetched.
-        const std::size_t least = layer_bytes + spillway::align_up(bytes_[layer_acts::residual3_i]) +
+        const std::size_t least = stored_bytes + spillway::align_up(bytes_[layer_acts::residual3_i]) +
                                   small * static_cast<std::size_t>(c.num_layers);
         if (s.memory_budget > 0 && s.memory_budget < least)
             throw input_error("--act-budget: " + human(static_cast<double>(s.memory_budget)) + " is below the " +
@@ -267,6 +274,11 @@ public:
         o.key_prefix = s.key_prefix;
         stash_ = std::make_unique<spillway::activation_stash<tier_type>>(*tier_, o);
         layers_.resize(static_cast<std::size_t>(c.num_layers));
+        if (recompute_) {  // backward's recompute targets (ln1 and ln2 share one), counted in the peak
+            gelu_scratch_ = spillway::aligned_buffer(bytes_[layer_acts::fch_gelu_i]);
+            ln_scratch_ = spillway::aligned_buffer(bytes_[layer_acts::ln1_i]);
+            scratch_bytes_ = gelu_scratch_.capacity() + ln_scratch_.capacity();
+        }
         if (recorder_) {
             fwd_track_ = recorder_->track("activations: save");
             bwd_track_ = recorder_->track("activations: load wait");
@@ -309,6 +321,12 @@ public:
         // layer has read it, so it goes to the stash now, in this layer's scope.
         if (layer > 0) st.add(input_slot, save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
         for (std::size_t i = 0; i < 12; ++i) {
+            if (!stored(i)) {  // read by this layer only, and recomputed in backward: the next layer reuses it
+                if (next_[i].data()) mine_ -= st.buffers[i].capacity();
+                else next_[i] = std::move(st.buffers[i]);
+                st.buffers[i] = spillway::aligned_buffer();
+                continue;
+            }
             float* data = st.buffers[i].as<float>().data();
             const int slot = static_cast<int>(i);
             st.add(slot, save(layer, l, i, names[i], st.buffers[i]));
@@ -338,14 +356,21 @@ public:
         for (auto& h : st.handles)
             views.push_back(const_cast<float*>(reinterpret_cast<const float*>(stash_->load(h).data())));
         if (recorder_) recorder_->complete(bwd_track_, "load layer " + std::to_string(layer), t0, spillway::trace::clock::now());
-        // The handles' order: [inp], ln1 .. att, att again, atty .. fch_gelu, [residual3].
+        // The handles' order: [inp], ln1 .. att, att again, atty .. fch_gelu (those stored),
+        // [residual3].
         std::size_t k = 0;
         layer_acts a;
         a.inp = layer > 0 ? views[k++] : st.acts.inp;
         auto ptrs = a.tensors();
         for (std::size_t i = 0; i < 12; ++i) {
+            if (!stored(i)) continue;
             *ptrs[i] = views[k++];
-            if (i == 4) ++k;
+            if (i == layer_acts::att_i) ++k;
+        }
+        if (recompute_) {
+            a.recompute = true;
+            a.fch_gelu = gelu_scratch_.as<float>().data();
+            a.ln1 = a.ln2 = ln_scratch_.as<float>().data();
         }
         a.residual3 = layer == config_.num_layers - 1 ? views[k++] : nullptr;
         st.acts = a;
@@ -445,7 +470,9 @@ private:
             }
         }
     }
-    void sample() { peak_ = std::max(peak_, stash_->stats().resident_bytes + mine_); }
+    void sample() { peak_ = std::max(peak_, stash_->stats().resident_bytes + mine_ + scratch_bytes_); }
+    /// Whether tensor i of a layer goes to the stash (else backward recomputes it).
+    bool stored(std::size_t i) const { return !(recompute_ && layer_acts::recomputable(static_cast<int>(i))); }
 
     gpt2_config config_;
     std::filesystem::path dir_;
@@ -458,6 +485,9 @@ private:
     std::array<spillway::aligned_buffer, layer_acts::num_tensors> next_;  // given back by saves, for the next layer
     std::uint64_t version_ = 0;
     std::size_t mine_ = 0;  // bytes of buffers computed into and not yet handed over
+    bool recompute_;
+    spillway::aligned_buffer gelu_scratch_, ln_scratch_;  // backward's recompute targets
+    std::size_t scratch_bytes_ = 0;
     std::size_t peak_ = 0;
 };
 

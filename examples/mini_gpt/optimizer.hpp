@@ -104,6 +104,7 @@ struct store_settings {
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
     std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: the least it needs (about one layer)
+    bool recompute = true;  // ln1, ln2 and fch_gelu are recomputed in backward, not stored (layer_acts::recompute)
 };
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings);

@@ -115,6 +115,11 @@ private:
     throw input_error(flag + ": " + problem);
 }
 
+bool on_off(const std::string& flag, const std::string& v) {
+    if (v != "on" && v != "off") bad_flag(flag, "must be on or off, got '" + v + "'");
+    return v == "on";
+}
+
 long long parse_int(const std::string& flag, const std::string& v, long long lo, long long hi) {
     try {
         std::size_t used = 0;
@@ -241,6 +246,10 @@ Usage: mini_gpt [flags]
                       profiling step; default), offload (none stay), or K (layers K.. stay)
   --act-budget MiB    most bytes the activation stash holds (default and least: what the
                       last layer's backward loads at once, about one layer)
+  --act-recompute on|off
+                      recompute the LayerNorm and GELU outputs in backward instead of
+                      offloading them (default on: 6 of a layer's 16 (B,T,C) floats per
+                      position; the same bits either way)
   --subgroup N        parameters per optimizer subgroup (default 65536)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --update-under-forward on|off
@@ -309,11 +318,8 @@ options parse_options(const std::vector<std::string>& args) {
             std::string v = value();
             if (v != "alternating" && v != "ascending") bad_flag(a, "must be alternating or ascending, got '" + v + "'");
             o.ascending_order = v == "ascending";
-        } else if (a == "--update-under-forward") {
-            std::string v = value();
-            if (v != "on" && v != "off") bad_flag(a, "must be on or off, got '" + v + "'");
-            o.update_under_forward = v == "on";
-        }
+        } else if (a == "--update-under-forward") o.update_under_forward = on_off(a, value());
+        else if (a == "--act-recompute") o.act_recompute = on_off(a, value());
         else if (a == "--save") o.save_dir = value();
         else if (a == "--save-every") o.save_every = static_cast<int>(parse_int(a, value(), 1, 1 << 30));
         else if (a == "--resume") o.resume_dir = value();
@@ -551,7 +557,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, hi - lo) : make_memory_optimizer(os, hi - lo);
     std::size_t block_floats = layer_acts::floats(config, rows, T);
     std::unique_ptr<activation_store> store;
-    if (offload_act) store = make_offloading_store(config, rows, T, {paths.front(), "act-" + process_tag, recorder.get(), opt.act_split, opt.act_budget_mib << 20});
+    if (offload_act) store = make_offloading_store(config, rows, T, {paths.front(), "act-" + process_tag, recorder.get(), opt.act_split, opt.act_budget_mib << 20,
+                                     opt.act_recompute});
     else store = std::make_unique<in_memory_store>(config, rows, T);
     const std::string shard_name = "shard-" + std::to_string(rank) + "-of-" + std::to_string(nranks);
 

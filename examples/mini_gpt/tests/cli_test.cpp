@@ -181,9 +181,13 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         expect_refused(run(d, {"--update-under-forward", "maybe"}), {"--update-under-forward", "maybe"});
         expect_refused(run(d, {"--order", "random"}), {"--order", "random"});
         expect_refused(run(d, {"--batch", "zero"}), {"--batch", "zero"});
-        // A stash budget below the last layer's backward (9.6 MiB at this batch) is refused
-        // before training, not when backward first loads that layer.
-        expect_refused(run(d, {"--offload", "activations", "--batch", "16", "--act-budget", "9"}),
+        expect_refused(run(d, {"--act-recompute", "yes"}), {"--act-recompute", "yes"});
+        // A stash budget below the last layer's backward (6.6 MiB at this batch; 9.6 without
+        // the recompute) is refused before training, not when backward first loads that layer.
+        expect_refused(run(d, {"--offload", "activations", "--batch", "16", "--act-budget", "6"}),
+                       {"--act-budget", "6.0 MiB", "is below"});
+        expect_refused(run(d, {"--offload", "activations", "--batch", "16", "--act-budget", "9", "--act-recompute",
+                               "off"}),
                        {"--act-budget", "9.0 MiB", "is below"});
         expect_refused(run(d, {"--resume", (d / "nosave").string()}), {"nosave", "latest"});
     }
