@@ -248,11 +248,11 @@ public:
         // that finds it full waits for writes. Default: the largest layer scope backward loads
         // at once, the last layer's (its input, its stored tensors and its output: a layer
         // block less what is recomputed, and one more (B,T,C) tensor), plus every layer's kept
-        // statistics; exactly, so
-        // that any batch fits (a fixed slack did not: the last layer's load failed once a
-        // (B,T,C) tensor outgrew it). Forward then holds at most two layers (the one it
-        // computes and the one being written); backward gives each tensor back after its last
-        // use (done_with), and the room it frees is where layer l-1 is prefetched.
+        // statistics; exactly, so that any batch fits (a fixed slack did not: the last layer's
+        // load failed once a (B,T,C) tensor outgrew it). Forward then holds at most two layers
+        // (the one it computes and the one being written); backward gives each tensor back
+        // after its last use (done_with), and the room it frees is where layer l-1 is
+        // prefetched.
         const std::size_t least = stored_bytes + spillway::align_up(bytes_[layer_acts::residual3_i]) +
                                   small * static_cast<std::size_t>(c.num_layers);
         if (s.memory_budget > 0 && s.memory_budget < least)
