@@ -270,6 +270,7 @@ public:
             o.first_kept_layer = static_cast<std::size_t>(s.first_kept_layer);
         }
         o.prefetch_layers = 1;
+        o.write_threads = o.read_threads = s.io_threads;
         o.pool_limit = layer_bytes;       // one layer of free buffers for the next layer to reuse
         o.key_prefix = s.key_prefix;
         stash_ = std::make_unique<spillway::activation_stash<tier_type>>(*tier_, o);

@@ -105,6 +105,12 @@ struct store_settings {
     int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
     std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: the least it needs (about one layer)
     bool recompute = true;  // ln1, ln2 and fch_gelu are recomputed in backward, not stored (layer_acts::recompute)
+    // The stash's writer and reader threads each. Each thread has one tensor in flight, and a
+    // layer's tensors are small (the default config's are 0.5-2 MiB: one or two 1 MiB pieces),
+    // so with one thread the disk sees a queue of one or two: on a 2 GB/s virtual disk the
+    // default config's `all` step took 71-72.5 ms with 1, 67-68 with 2 or 3 (`none` 50-55,
+    // alternated, 2026-12-04).
+    std::size_t io_threads = 2;
 };
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings);

@@ -557,8 +557,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     std::unique_ptr<optimizer> optim = offload_opt ? make_offloaded_optimizer(os, hi - lo) : make_memory_optimizer(os, hi - lo);
     std::size_t block_floats = layer_acts::floats(config, rows, T);
     std::unique_ptr<activation_store> store;
-    if (offload_act) store = make_offloading_store(config, rows, T, {paths.front(), "act-" + process_tag, recorder.get(), opt.act_split, opt.act_budget_mib << 20,
-                                     opt.act_recompute});
+    if (offload_act) {
+        store_settings ss{paths.front(), "act-" + process_tag, recorder.get(), opt.act_split, opt.act_budget_mib << 20,
+                          opt.act_recompute};
+        ss.io_threads = nranks > 1 ? 1 : 2;  // ranks share the node's cores (docs/troubleshooting.md)
+        store = make_offloading_store(config, rows, T, ss);
+    }
     else store = std::make_unique<in_memory_store>(config, rows, T);
     const std::string shard_name = "shard-" + std::to_string(rank) + "-of-" + std::to_string(nranks);
 
