@@ -32,8 +32,9 @@
 //    over minutes, a ratio of two adjacent runs is what stays meaningful. Other counters come
 //    from the row's first run. The `optimizer` and `all` rows (1 rank) also carry the goal's
 //    premise ("when the paths' bandwidth suffices"): path_bytes_per_step (the optimizer
-//    state on the path, m and v, and with `all` every layer's activations, each written and
-//    read once), path_floor_ms (those
+//    state on the path, m and v, and with `all` every layer's stored activations (less the
+//    LayerNorm and GELU outputs backward recomputes), each written and read once),
+//    path_floor_ms (those
 //    bytes over the path's measured write and read bandwidth; opt_io_floor_ms: the optimizer
 //    state's part), path_needed_bytes_per_s (the bytes over the paired `none` runs' step),
 //    for `all` forward_write_floor_ms (the layers' activations over the path's write
@@ -333,8 +334,13 @@ series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
     // The static sizes, from the config the flags describe (each rank holds B/ranks rows).
     const mini_gpt::gpt2_config c = model_config(o);
     rep->params = mini_gpt::param_layout(c).total;
-    rep->layer_act_bytes =
-        mini_gpt::layer_acts::floats(c, o.batch / ranks, o.seq) * sizeof(float) * static_cast<std::size_t>(o.layers);
+    // What the stash writes per layer: the block less what backward recomputes (--act-recompute
+    // is on in every row).
+    const auto sizes = mini_gpt::layer_acts::tensor_floats(c, o.batch / ranks, o.seq);
+    std::size_t stored_floats = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+        if (!mini_gpt::layer_acts::recomputable(static_cast<int>(i))) stored_floats += sizes[i];
+    rep->layer_act_bytes = stored_floats * sizeof(float) * static_cast<std::size_t>(o.layers);
     r.step_ms = rep->step_ms;
     r.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep->act_peak_bytes)));
     return r;
