@@ -336,11 +336,8 @@ series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
     rep->params = mini_gpt::param_layout(c).total;
     // What the stash writes per layer: the block less what backward recomputes (--act-recompute
     // is on in every row).
-    const auto sizes = mini_gpt::layer_acts::tensor_floats(c, o.batch / ranks, o.seq);
-    std::size_t stored_floats = 0;
-    for (std::size_t i = 0; i < sizes.size(); ++i)
-        if (!mini_gpt::layer_acts::recomputable(static_cast<int>(i))) stored_floats += sizes[i];
-    rep->layer_act_bytes = stored_floats * sizeof(float) * static_cast<std::size_t>(o.layers);
+    rep->layer_act_bytes = mini_gpt::layer_acts::stored_floats(c, o.batch / ranks, o.seq) * sizeof(float) *
+                           static_cast<std::size_t>(o.layers);
     r.step_ms = rep->step_ms;
     r.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep->act_peak_bytes)));
     return r;

@@ -186,6 +186,14 @@ std::size_t layer_acts::floats(const gpt2_config& c, int B, int T) {
     return total;
 }
 
+std::size_t layer_acts::stored_floats(const gpt2_config& c, int B, int T) {
+    const auto sizes = tensor_floats(c, B, T);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+        if (!recomputable(static_cast<int>(i))) total += sizes[i];
+    return total;
+}
+
 layer_acts::layer_acts(float* block, const float* input, const gpt2_config& c, int B, int T) : inp(input) {
     auto sizes = tensor_floats(c, B, T);
     auto ptrs = tensors();

@@ -142,6 +142,9 @@ struct layer_acts {
     static std::array<std::size_t, num_tensors> tensor_floats(const gpt2_config& c, int B, int T);
     /// Floats in one layer block (the sum of tensor_floats).
     static std::size_t floats(const gpt2_config& c, int B, int T);
+    /// Floats of one layer block less the recomputable tensors: what a store that recomputes
+    /// them writes per layer.
+    static std::size_t stored_floats(const gpt2_config& c, int B, int T);
     layer_acts() = default;
     /// Lays the tensors out in one block of floats(c, B, T) floats.
     layer_acts(float* block, const float* input, const gpt2_config& c, int B, int T);
@@ -271,11 +274,11 @@ void encoder_forward(thread_pool& pool, float* out, const int* inp, const float*
 // dwte (Vp,C) +=, dwpe (maxT,C) +=, from dout (B,T,C)
 void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
                       int C);
-// out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C)
 // out (N,C) = the LayerNorm of inp with the mean and rstd layernorm_forward computed: the same
 // bits as its out (backward's recompute)
 void layernorm_apply(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias,
                      const float* mean, const float* rstd, int N, int C);
+// out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C)
 void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
 // dinp (N,C) +=, dweight (C) =, dbias (C) = (overwritten)
