@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <functional>
 #include <sstream>
+#include <utility>
 #include <unistd.h>
 
 #include "llmc_format.hpp"
@@ -323,9 +324,7 @@ public:
         if (layer > 0) st.add(input_slot, save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
         for (std::size_t i = 0; i < 12; ++i) {
             if (!stored(i)) {  // read by this layer only, and recomputed in backward: the next layer reuses it
-                if (next_[i].data()) mine_ -= st.buffers[i].capacity();
-                else next_[i] = std::move(st.buffers[i]);
-                st.buffers[i] = spillway::aligned_buffer();
+                keep_for_next(i, std::exchange(st.buffers[i], spillway::aligned_buffer()));
                 continue;
             }
             float* data = st.buffers[i].as<float>().data();
@@ -453,10 +452,15 @@ private:
         mine_ -= cap;  // the stash owns (and counts) it now
         if (buffer.data()) {
             mine_ += buffer.capacity();
-            if (next_[tensor].data()) mine_ -= next_[tensor].capacity();
-            next_[tensor] = std::move(buffer);
+            keep_for_next(tensor, std::move(buffer));
         }
         return h;
+    }
+    // Keeps `buffer` (counted in mine_) for the next layer's tensor i; one per tensor is
+    // enough, so the one it replaces is freed.
+    void keep_for_next(std::size_t i, spillway::aligned_buffer&& buffer) {
+        if (next_[i].data()) mine_ -= next_[i].capacity();
+        next_[i] = std::move(buffer);
     }
     void release_layer(layer_state& st) {
         for (auto& h : st.handles)
