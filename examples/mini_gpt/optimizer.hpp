@@ -111,6 +111,10 @@ struct store_settings {
     // default config's `all` step took 71-72.5 ms with 1, 67-68 with 2 or 3 (`none` 50-55,
     // alternated, 2026-12-04).
     std::size_t io_threads = 2;
+    // Tensors under 2 MiB come from huge-page slabs shared by many tensors when a layer's
+    // buffers fill at least four slabs (below that the slabs' slack would lift the peak more
+    // than the speed is worth).
+    bool huge_page_arena = true;
 };
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings);

@@ -1,11 +1,14 @@
 // aligned_buffer: alignment, zeroing, padding, moves, bad alignment, the huge-page advice
 // for large buffers (page_size::automatic) against page_size::base, and large buffers kept
-// out of fork() children.
+// out of fork() children. buffer_arena: small buffers sharing huge-page slabs, pieces merged
+// and reused, empty slabs unmapped, buffers outliving the arena, concurrent use.
 #include <doctest/doctest.h>
 
 #include <spillway/io/aligned_buffer.hpp>
+#include <spillway/io/buffer_arena.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -13,7 +16,9 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -177,4 +182,133 @@ TEST_CASE("aligned_buffer: a large buffer's memory is returned to the system whe
         CHECK(mapped_here(where));
     }
     CHECK_FALSE(mapped_here(where));  // its own mapping, unmapped (not kept by the allocator)
+}
+
+// ---- buffer_arena: small buffers carved from shared huge-page slabs -------------------------
+
+TEST_CASE("buffer_arena: buffers behave like aligned_buffers: sizes, alignment, zeroing, padding, advice") {
+    buffer_arena arena;
+    aligned_buffer a = arena.allocate(5000);
+    CHECK(a.size() == 5000);
+    CHECK(a.capacity() == 8192);
+    CHECK(is_aligned(a.data()));
+    CHECK(all_zero(a.padded_bytes()));
+    CHECK(a.huge_page_advice() == thp_advisable());
+    CHECK_FALSE(a.fork_inherited());
+    CHECK(vm_flags(a.data()).find(" dc") != std::string::npos);  // the slab is MADV_DONTFORK
+
+    // An uninitialized buffer still has zero padding, also when its piece was used before
+    // (`keeper` keeps the slab mapped, so the piece comes back with what was written to it).
+    aligned_buffer keeper = arena.allocate(4096);
+    std::fill(a.padded_bytes().begin(), a.padded_bytes().end(), std::byte{0xAB});
+    std::byte* where = a.data();
+    a = aligned_buffer();
+    aligned_buffer b = arena.allocate(4100, buffer_fill::uninitialized);
+    CHECK(b.data() == where);  // the freed piece is reused
+    CHECK(b.bytes()[0] == std::byte{0xAB});
+    CHECK(all_zero(b.padded_bytes().subspan(4100)));
+}
+
+TEST_CASE("buffer_arena: small buffers share a slab; freed pieces merge and are reused; an empty slab is unmapped") {
+    buffer_arena arena;
+    std::vector<aligned_buffer> quarter;
+    for (int i = 0; i < 4; ++i) quarter.push_back(arena.allocate(512 * KiB));
+    CHECK(arena.slab_count() == 1);
+    CHECK(arena.mapped_bytes() == 2 * MiB);
+    CHECK(arena.used_bytes() == 2 * MiB);
+    CHECK(arena.slack_bytes() == 0);
+    const std::byte* base = quarter[0].data();
+    CHECK(is_aligned(base, huge_page_bytes));
+    for (int i = 0; i < 4; ++i) {  // four disjoint pieces; each keeps what is written to it
+        CHECK(quarter[static_cast<std::size_t>(i)].data() == base + static_cast<std::size_t>(i) * 512 * KiB);
+        auto bytes = quarter[static_cast<std::size_t>(i)].bytes();
+        std::fill(bytes.begin(), bytes.end(), std::byte(i + 1));
+    }
+    for (int i = 0; i < 4; ++i) {
+        auto bytes = quarter[static_cast<std::size_t>(i)].bytes();
+        CHECK(std::all_of(bytes.begin(), bytes.end(), [&](std::byte v) { return v == std::byte(i + 1); }));
+    }
+
+    // Two neighbours freed make room for one buffer of twice the size, in place.
+    quarter[1] = aligned_buffer();
+    quarter[2] = aligned_buffer();
+    CHECK(arena.slack_bytes() == 1 * MiB);
+    aligned_buffer half = arena.allocate(1 * MiB);
+    CHECK(half.data() == base + 512 * KiB);
+    CHECK(arena.slab_count() == 1);
+    CHECK(arena.slack_bytes() == 0);
+
+    // Another request that does not fit maps a second slab; moves carry the piece along.
+    aligned_buffer more = arena.allocate(100 * KiB);
+    CHECK(arena.slab_count() == 2);
+    aligned_buffer moved(std::move(more));
+    CHECK(moved.size() == 100 * KiB);
+    const void* second = moved.data();
+    moved = aligned_buffer();
+    CHECK(arena.slab_count() == 1);
+    CHECK_FALSE(mapped_here(second));  // its slab had nothing else: unmapped at once
+
+    quarter.clear();
+    half = aligned_buffer();
+    CHECK(arena.slab_count() == 0);
+    CHECK(arena.mapped_bytes() == 0);
+    CHECK_FALSE(mapped_here(base));
+}
+
+TEST_CASE("buffer_arena: a request of a slab or more gets a slab of its own") {
+    buffer_arena arena;
+    aligned_buffer big = arena.allocate(3 * MiB + 5);
+    CHECK(big.capacity() == align_up(3 * MiB + 5));
+    CHECK(arena.mapped_bytes() == 4 * MiB);  // rounded up to whole huge pages
+    CHECK(is_aligned(big.data(), huge_page_bytes));
+    aligned_buffer small = arena.allocate(64 * KiB);  // fits in the big slab's tail
+    CHECK(arena.slab_count() == 1);
+    CHECK(small.data() == big.data() + big.capacity());
+}
+
+TEST_CASE("buffer_arena: buffers outlive the arena object") {
+    aligned_buffer kept;
+    const void* where = nullptr;
+    {
+        buffer_arena arena;
+        kept = arena.allocate(256 * KiB);
+        where = kept.data();
+        aligned_buffer gone = arena.allocate(256 * KiB);
+    }
+    auto bytes = kept.bytes();
+    std::fill(bytes.begin(), bytes.end(), std::byte{3});
+    CHECK(kept.bytes()[bytes.size() - 1] == std::byte{3});
+    CHECK(mapped_here(where));
+    kept = aligned_buffer();  // the last buffer unmaps the slab
+    CHECK_FALSE(mapped_here(where));
+}
+
+TEST_CASE("buffer_arena: threads allocating and freeing at once never share a byte") {
+    buffer_arena arena;
+    constexpr int threads = 4, rounds = 300;
+    std::vector<std::thread> pool;
+    std::atomic<int> bad{0};
+    for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+            std::mt19937 rng(static_cast<unsigned>(t) + 1);
+            std::vector<aligned_buffer> held;
+            for (int r = 0; r < rounds; ++r) {
+                const std::size_t n = (1 + rng() % 96) * 4 * KiB + rng() % 4096;
+                aligned_buffer b = arena.allocate(n, buffer_fill::uninitialized);
+                std::fill(b.bytes().begin(), b.bytes().end(), std::byte(t + 1));
+                held.push_back(std::move(b));
+                if (held.size() > 6) {  // free a random one after checking nobody wrote into it
+                    const std::size_t k = rng() % held.size();
+                    auto bytes = held[k].bytes();
+                    if (!std::all_of(bytes.begin(), bytes.end(), [&](std::byte v) { return v == std::byte(t + 1); }))
+                        ++bad;
+                    held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+                }
+            }
+        });
+    }
+    for (auto& th : pool) th.join();
+    CHECK(bad.load() == 0);
+    CHECK(arena.used_bytes() == 0);
+    CHECK(arena.mapped_bytes() == 0);  // every slab emptied and unmapped
 }

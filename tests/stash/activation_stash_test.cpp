@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <spillway/stash/activation_stash.hpp>
 #include <spillway/tier/faulty_tier.hpp>
@@ -53,10 +55,13 @@ bool same_bytes(std::span<const std::byte> a, const std::vector<std::byte>& b) {
 
 TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
     const std::int64_t counts[] = {0, 1, 3, 1023, 1025, 4097, 70001};
-    for (auto mode : {split_mode::offload_all, split_mode::keep_all}) {
+    for (auto [mode, arena] : {std::pair{split_mode::offload_all, true}, std::pair{split_mode::keep_all, true},
+                               std::pair{split_mode::offload_all, false}}) {
+        CAPTURE(arena);
         host_tier tier;
         auto opts = offload_everything();
         opts.split = mode;
+        opts.huge_page_arena = arena;
         activation_stash stash(tier, opts);
         struct saved {
             stash_handle handle;
@@ -101,7 +106,32 @@ TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
         auto pooled = stash.stats().pooled_bytes;
         CHECK(stash.trim() == pooled);
         CHECK(stash.stats().resident_bytes == 0);
+        CHECK(stash.stats().arena_slack_bytes == 0);  // no buffer left: every slab unmapped
     }
+}
+
+TEST_CASE("buffers under 2 MiB come from the huge-page arena, and its slack is reported") {
+    host_tier tier;
+    auto opts = offload_everything();
+    activation_stash stash(tier, opts);
+    std::vector<aligned_buffer> mine;
+    for (int i = 0; i < 3; ++i) mine.push_back(stash.allocate(512 << 10));
+    CHECK_FALSE(mine[0].fork_inherited());  // a piece of an arena slab (MADV_DONTFORK)
+    CHECK(mine[1].data() == mine[0].data() + (512 << 10));  // three pieces of one 2 MiB slab
+    CHECK(stash.stats().arena_slack_bytes == (512 << 10));
+
+    // Saved, written and loaded back through arena buffers: the bytes are exact.
+    auto bytes = random_bytes(512 << 10, 77);
+    std::memcpy(mine[2].data(), bytes.data(), bytes.size());
+    auto h = stash.save(make_desc("small", 1, {128 << 10}), std::move(mine[2]));
+    stash.flush();
+    CHECK(same_bytes(stash.load(h), bytes));
+    stash.release(h);
+
+    opts.huge_page_arena = false;
+    activation_stash plain(tier, opts);
+    CHECK(plain.allocate(512 << 10).fork_inherited());  // from malloc
+    CHECK(plain.stats().arena_slack_bytes == 0);
 }
 
 TEST_CASE("a strided view round-trips its exact extent") {

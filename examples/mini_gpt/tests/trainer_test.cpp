@@ -189,6 +189,26 @@ TEST_CASE("recomputing the LayerNorm and GELU outputs in backward gives the same
     CHECK(peak[1] + btc <= peak[0]);
 }
 
+TEST_CASE("tensors on huge-page slabs give the same bits") {
+    // A layer of 16 (B,T,C) tensors of 512 KiB and more: at least four slabs, so the store
+    // takes its tensors under 2 MiB from the stash's huge-page arena.
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 1;
+    o.channels = 128;
+    o.batch = 16;
+    o.seq = o.max_seq = 64;
+    o.steps = 2;
+    o.corpus_bytes = 1 << 16;
+    const auto ref = run(o);
+    options s = o;
+    s.offload = offload_mode::activations;
+    s.act_split = 1 << 30;
+    std::ostringstream out;
+    CHECK(train(s, out) == ref);
+    CHECK(out.str().find("tensors under 2 MiB on huge-page slabs") != std::string::npos);
+}
+
 TEST_CASE("offloading every layer keeps at most the computed layer and one more resident") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <span>
 #include <utility>
@@ -82,7 +83,31 @@ enum class page_size {
 /// least this capacity get the huge-page advice under page_size::automatic.
 inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
+class buffer_arena;
+
+namespace detail {
+
+/// Maps `len` bytes (a multiple of `block`, a power of two) on a `block` boundary, on their
+/// own and not inherited over fork() (MADV_DONTFORK): over-maps by one block, then unmaps the
+/// unaligned ends. Throws std::bad_alloc when mmap fails.
+inline std::byte* map_aligned(std::size_t len, std::size_t block) {
+    void* p = ::mmap(nullptr, len + block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    const auto start = reinterpret_cast<std::uintptr_t>(p);
+    const auto aligned = (start + block - 1) & ~(std::uintptr_t{block} - 1);
+    if (aligned > start) ::munmap(p, aligned - start);
+    if (const auto tail = start + len + block - (aligned + len); tail > 0)
+        ::munmap(reinterpret_cast<void*>(aligned + len), tail);
+    auto* data = reinterpret_cast<std::byte*>(aligned);
+    (void)::madvise(data, len, MADV_DONTFORK);  // a hint like the huge-page advice
+    return data;
+}
+
+}  // namespace detail
+
 /// An owning, move-only host buffer aligned for O_DIRECT, optionally pinned with mlock().
+/// A buffer_arena (io/buffer_arena.hpp) hands out aligned_buffers carved from its slabs; they
+/// behave like any other, and destroying one gives its piece back to the arena.
 ///
 /// What the file comment guarantees holds for every live buffer; a moved-from or
 /// default-constructed buffer is empty (data() null, size() 0). Not synchronised: concurrent
@@ -137,7 +162,8 @@ public:
     aligned_buffer(aligned_buffer&& o) noexcept
         : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
           capacity_(std::exchange(o.capacity_, 0)), alignment_(o.alignment_), mapped_(std::exchange(o.mapped_, 0)),
-          locked_(std::exchange(o.locked_, false)), huge_advice_(std::exchange(o.huge_advice_, false)) {}
+          locked_(std::exchange(o.locked_, false)), huge_advice_(std::exchange(o.huge_advice_, false)),
+          owner_(std::move(o.owner_)), give_back_(std::exchange(o.give_back_, nullptr)) {}
     /// Frees this buffer's memory (munlock()ing it first), then takes over `o`'s; `o` becomes
     /// empty.
     aligned_buffer& operator=(aligned_buffer&& o) noexcept {
@@ -150,6 +176,8 @@ public:
             mapped_ = std::exchange(o.mapped_, 0);
             locked_ = std::exchange(o.locked_, false);
             huge_advice_ = std::exchange(o.huge_advice_, false);
+            owner_ = std::move(o.owner_);
+            give_back_ = std::exchange(o.give_back_, nullptr);
         }
         return *this;
     }
@@ -177,9 +205,10 @@ public:
     /// and capacity() >= huge_page_bytes, on a kernel with transparent huge pages enabled);
     /// whether it found huge pages to give is up to it.
     [[nodiscard]] bool huge_page_advice() const noexcept { return huge_advice_; }
-    /// False for the large buffers of page_size::automatic (mapped with MADV_DONTFORK: a
-    /// child created with fork() does not get them, see the file comment), true otherwise.
-    [[nodiscard]] bool fork_inherited() const noexcept { return mapped_ == 0; }
+    /// False for the large buffers of page_size::automatic and for a buffer_arena's (mapped
+    /// with MADV_DONTFORK: a child created with fork() does not get them, see the file
+    /// comment), true otherwise.
+    [[nodiscard]] bool fork_inherited() const noexcept { return mapped_ == 0 && !give_back_; }
     /// The requested bytes, [data(), data() + size()).
     [[nodiscard]] std::span<std::byte> bytes() noexcept { return {data_, size_}; }
     /// @copydoc bytes()
@@ -194,25 +223,26 @@ public:
     }
 
 private:
-    // Maps `len` bytes (a multiple of `block`) on a `block` boundary, on their own, not
-    // inherited over fork(): over-maps by one block, then unmaps the unaligned ends.
+    friend class buffer_arena;
+    using give_back_fn = void (*)(void* owner, std::byte* data, std::size_t capacity) noexcept;
+    // A piece of a buffer_arena's slab: `give_back` returns it to `owner` on release.
+    aligned_buffer(std::byte* data, std::size_t size, std::size_t capacity, bool huge_advice,
+                   std::shared_ptr<void> owner, give_back_fn give_back) noexcept
+        : data_(data), size_(size), capacity_(capacity), huge_advice_(huge_advice), owner_(std::move(owner)),
+          give_back_(give_back) {}
+    // Maps `len` bytes (a multiple of `block`) on a `block` boundary (detail::map_aligned).
     void map_huge(std::size_t len, std::size_t block) {
-        void* p = ::mmap(nullptr, len + block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) throw std::bad_alloc();
-        const auto start = reinterpret_cast<std::uintptr_t>(p);
-        const auto aligned = (start + block - 1) & ~(std::uintptr_t{block} - 1);
-        if (aligned > start) ::munmap(p, aligned - start);
-        if (const auto tail = start + len + block - (aligned + len); tail > 0)
-            ::munmap(reinterpret_cast<void*>(aligned + len), tail);
-        data_ = reinterpret_cast<std::byte*>(aligned);
+        data_ = detail::map_aligned(len, block);
         mapped_ = len;
-        (void)::madvise(data_, mapped_, MADV_DONTFORK);  // a hint like the huge-page advice
     }
     void release() noexcept {
         if (data_) {
             if (locked_) ::munlock(data_, capacity_);
-            if (mapped_) ::munmap(data_, mapped_);
+            if (give_back_) give_back_(owner_.get(), data_, capacity_);
+            else if (mapped_) ::munmap(data_, mapped_);
             else std::free(data_);
+            owner_.reset();
+            give_back_ = nullptr;
             data_ = nullptr;
             mapped_ = 0;
             locked_ = false;
@@ -225,6 +255,8 @@ private:
     std::size_t mapped_ = 0;  // bytes mapped by map_huge (0: from aligned_alloc)
     bool locked_ = false;
     bool huge_advice_ = false;
+    std::shared_ptr<void> owner_;      // a buffer_arena's shared state (null otherwise)
+    give_back_fn give_back_ = nullptr;  // returns data_ to owner_ (null: freed or unmapped here)
 };
 
 }  // namespace spillway

@@ -101,6 +101,7 @@
 
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
+#include "spillway/io/buffer_arena.hpp"
 #include "spillway/stash/split_rule.hpp"
 #include "spillway/stash/tensor_desc.hpp"
 #include "spillway/thread_pool.hpp"
@@ -168,6 +169,12 @@ struct stash_options {
     /// beyond that while resident bytes stay within the most the stash held in this step or
     /// the last: the pool never lifts the peak by more than pool_limit.
     std::size_t pool_limit = std::size_t{64} << 20;
+    /// Buffers of less than 2 MiB that the stash allocates (allocate(), and the buffers loads
+    /// read into) are carved from huge-page slabs shared by many tensors (buffer_arena), so
+    /// that the disk moves them as it moves large buffers; false: each from malloc. The
+    /// budget and the resident counts are buffer capacities; the memory the arena holds
+    /// beyond them (free pieces of partly used slabs) is stash_stats::arena_slack_bytes.
+    bool huge_page_arena = true;
     /// First part of every tier key ("<key_prefix>-<stash serial>-<n>"); must pass
     /// validate_key (std::invalid_argument naming it at construction). Each stash in a
     /// process has its own serial, so stashes sharing a tier and a prefix never collide;
@@ -196,6 +203,7 @@ struct stash_stats {
     std::size_t peak_resident_bytes = 0;   ///< Most resident_bytes since construction or reset_peak().
     double load_wait_seconds = 0;          ///< Seconds load() blocked waiting for bytes, summed over calls and threads.
     double budget_wait_seconds = 0;        ///< Seconds save() and load() blocked waiting for room under the budget.
+    std::size_t arena_slack_bytes = 0;     ///< Now: memory the huge-page arena holds beyond its live buffers' capacities.
 };
 
 /// The split the stash uses, and what it was planned from (activation_stash::plan()).
@@ -386,7 +394,7 @@ public:
                 return std::move(*b);
             }
         }
-        return aligned_buffer(nbytes);
+        return new_buffer(nbytes, buffer_fill::zeroed);
     }
 
     // ---- backward ---------------------------------------------------------------------
@@ -527,6 +535,7 @@ public:
         stash_stats s = stats_;
         s.resident_bytes = resident_;
         s.pooled_bytes = pool_bytes_;
+        s.arena_slack_bytes = arena_.slack_bytes();
         return s;
     }
     /// Frees every pooled buffer (gives the memory back); returns the bytes freed.
@@ -602,8 +611,11 @@ private:
     static std::size_t charge_of(std::size_t nbytes) noexcept { return align_up(nbytes == 0 ? 1 : nbytes); }
     // A new buffer for bytes copied or read into it in full: zeroing it first would only
     // double the cost of faulting its pages in.
-    static aligned_buffer buffer_to_overwrite(std::size_t nbytes) {
-        return aligned_buffer(nbytes, memory_lock::unlocked, default_alignment, buffer_fill::uninitialized);
+    aligned_buffer buffer_to_overwrite(std::size_t nbytes) { return new_buffer(nbytes, buffer_fill::uninitialized); }
+    // Under 2 MiB from the huge-page arena (stash_options::huge_page_arena), else on its own.
+    aligned_buffer new_buffer(std::size_t nbytes, buffer_fill fill) {
+        if (opt_.huge_page_arena && charge_of(nbytes) < huge_page_bytes) return arena_.allocate(nbytes, fill);
+        return aligned_buffer(nbytes, memory_lock::unlocked, default_alignment, fill);
     }
 
     // `exchange` (only with `adopt`, the same buffer) receives a free buffer of the same size.
@@ -1372,6 +1384,7 @@ private:
 
     Tier& tier_;
     const stash_options opt_;
+    buffer_arena arena_;  // small buffers (new_buffer); they keep its memory alive, wherever they go
     const std::uint64_t serial_;
 
     mutable std::mutex mutex_;
