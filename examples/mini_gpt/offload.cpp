@@ -19,7 +19,9 @@
 // and the stash stores them once (dedup). Small tensors (LayerNorm statistics) are kept.
 // What is cheaper to compute again than to move is not stored at all (store_settings::recompute,
 // --act-recompute): the two LayerNorm outputs and the GELU output, 6 of a layer's 16 (B,T,C)
-// floats per position, are recomputed in backward into two scratch buffers (layer_acts::recompute).
+// floats per position, are recomputed in backward (layer_acts::recompute) into buffers that wait
+// for the next step's forward anyway. Tensors under 2 MiB live on huge-page slabs shared by many
+// tensors (stash_options::huge_page_arena) when a layer is large enough for the slabs to fill.
 #include <algorithm>
 #include <functional>
 #include <sstream>
