@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <functional>
 #include <sstream>
+#include <tuple>
 #include <utility>
 #include <unistd.h>
 
@@ -91,9 +92,16 @@ public:
             name << "mini_gpt-" << std::hex << std::hash<std::string>{}(canonical);
             vo.lock_names.push_back(name.str());
         }
-        // 2. The virtual tier: one file tier per directory, placement by measured bandwidth.
+        // 2. The virtual tier: one file tier per directory, named by its --path (the summary
+        //    reports each path on its own line), placement by measured bandwidth.
+        std::vector<std::tuple<std::filesystem::path, spillway::file_tier_options>> children;
+        for (std::size_t i = 0; i < dirs_.size(); ++i) {
+            spillway::file_tier_options fo;
+            fo.name = s.paths[i].string();
+            children.emplace_back(dirs_[i], fo);
+        }
         try {
-            tier_ = std::make_unique<optimizer_tier>(vo, dirs_);
+            tier_ = std::make_unique<optimizer_tier>(vo, children);
         } catch (const std::system_error& e) {
             throw input_error(std::string("--path: cannot use the optimizer paths: ") + e.what());
         }

@@ -189,6 +189,19 @@ TEST_CASE("recomputing the LayerNorm and GELU outputs in backward gives the same
     CHECK(peak[1] + btc <= peak[0]);
 }
 
+TEST_CASE("the summary reports each optimizer path on its own line") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.offload = offload_mode::optimizer;
+    o.steps = 2;
+    std::ostringstream out;
+    train(o, out);
+    for (const auto& p : o.paths) {
+        INFO(out.str());
+        CHECK(out.str().find("tier " + p.string() + ": read ") != std::string::npos);
+    }
+}
+
 TEST_CASE("tensors on huge-page slabs give the same bits") {
     // A layer of 16 (B,T,C) tensors of 512 KiB and more: at least four slabs, so the store
     // takes its tensors under 2 MiB from the stash's huge-page arena.
