@@ -282,7 +282,7 @@ public:
         }
         // Tensors under 2 MiB from huge-page slabs (stash_options::huge_page_arena): this virtual
         // disk then moved the default config's 0.5-1.5 MiB tensors fast enough that its
-        // `activations` step went from 69-71 to 63 ms (`none` 54-57; 2026-12-05). The slabs'
+        // `activations` step went from 69-71 to 63 ms (`none` 54-57; 2026-12-04). The slabs'
         // slack (free pieces, about a slab) counts in the peak, so a model whose layer is
         // smaller than a few slabs keeps malloc's buffers.
         o.huge_page_arena = s.huge_page_arena && layer_bytes >= 4 * spillway::huge_page_bytes;

@@ -31,13 +31,16 @@
 /// workload that frees and allocates the same sizes reuses the same places.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <utility>
 
 #include <sys/mman.h>
 
@@ -96,8 +99,12 @@ public:
             slabs_.erase(it);
             return;
         }
-        auto [pos, inserted] = s.free.emplace(p, capacity);
-        (void)inserted;
+        std::map<std::byte*, std::size_t>::iterator pos;
+        try {
+            pos = s.free.emplace(p, capacity).first;
+        } catch (...) {
+            return;  // no memory to record the piece: it is not reused, and the slab still goes with its last piece
+        }
         if (auto next = std::next(pos); next != s.free.end() && pos->first + pos->second == next->first) {
             pos->second += next->second;
             s.free.erase(next);
@@ -138,14 +145,18 @@ private:
     // Maps a slab of `len` bytes (a multiple of 2 MiB) on a 2 MiB boundary, advised for huge pages.
     slab* map_slab(std::size_t len) {
         std::byte* base = detail::map_aligned(len, huge_page_bytes);
-        slab s;
-        s.size = len;
-        s.huge_advice = ::madvise(base, len, MADV_HUGEPAGE) == 0;
-        s.free.emplace(base, len);
-        auto [it, inserted] = slabs_.emplace(base, std::move(s));
-        (void)inserted;
-        mapped_ += len;
-        return &it->second;
+        try {
+            slab s;
+            s.size = len;
+            s.huge_advice = ::madvise(base, len, MADV_HUGEPAGE) == 0;
+            s.free.emplace(base, len);
+            auto it = slabs_.emplace(base, std::move(s)).first;
+            mapped_ += len;
+            return &it->second;
+        } catch (...) {
+            ::munmap(base, len);
+            throw;
+        }
     }
 
     const std::size_t slab_bytes_;

@@ -538,7 +538,8 @@ public:
         s.arena_slack_bytes = arena_.slack_bytes();
         return s;
     }
-    /// Frees every pooled buffer (gives the memory back); returns the bytes freed.
+    /// Frees every pooled buffer (gives the memory back: a piece of the huge-page arena goes
+    /// back to it, which unmaps a slab with its last piece); returns the bytes freed.
     std::size_t trim() {
         std::lock_guard lock(mutex_);
         std::size_t freed = pool_bytes_;
