@@ -282,10 +282,11 @@ public:
         }
         // Tensors under 2 MiB from huge-page slabs (stash_options::huge_page_arena): this virtual
         // disk then moved the default config's 0.5-1.5 MiB tensors fast enough that its
-        // `activations` step went from 69-71 to 63 ms (`none` 54-57; 2026-12-04). The slabs'
-        // slack (free pieces, about a slab) counts in the peak, so a model whose layer is
-        // smaller than a few slabs keeps malloc's buffers.
-        o.huge_page_arena = s.huge_page_arena && layer_bytes >= 4 * spillway::huge_page_bytes;
+        // `activations` step went from 69-71 to 63 ms (`none` 54-57; 2026-12-04), and two ranks'
+        // `all` (half the batch each: 2.4 slabs a layer) from 66 to 60.5 ms (`none` 42.7). The
+        // slabs' slack (free pieces, about a slab) counts in the peak, so a model whose layer
+        // fills fewer than two slabs keeps malloc's buffers (the tests' tiny configs).
+        o.huge_page_arena = s.huge_page_arena && layer_bytes >= 2 * spillway::huge_page_bytes;
         o.prefetch_layers = 1;
         o.write_threads = o.read_threads = s.io_threads;
         o.pool_limit = layer_bytes;       // one layer of free buffers for the next layer to reuse

@@ -112,7 +112,7 @@ struct store_settings {
     // alternated, 2026-12-04).
     std::size_t io_threads = 2;
     // Tensors under 2 MiB come from huge-page slabs shared by many tensors when a layer's
-    // buffers fill at least four slabs (below that the slabs' slack would lift the peak more
+    // buffers fill at least two slabs (below that the slabs' slack would lift the peak more
     // than the speed is worth).
     bool huge_page_arena = true;
 };

@@ -203,7 +203,7 @@ TEST_CASE("the summary reports each optimizer path on its own line") {
 }
 
 TEST_CASE("tensors on huge-page slabs give the same bits") {
-    // A layer of 16 (B,T,C) tensors of 512 KiB and more: at least four slabs, so the store
+    // A layer of 16 (B,T,C) tensors of 512 KiB and more: at least two slabs, so the store
     // takes its tensors under 2 MiB from the stash's huge-page arena.
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
