@@ -9,6 +9,7 @@
 #include "spillway/config.hpp"
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
+#include "spillway/io/buffer_arena.hpp"
 #include "spillway/io/completion.hpp"
 #include "spillway/io/io_engine.hpp"
 #include "spillway/io/posix_engine.hpp"
