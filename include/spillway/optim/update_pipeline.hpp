@@ -127,6 +127,7 @@
 
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
+#include "spillway/io/buffer_arena.hpp"
 #include "spillway/io/completion.hpp"
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/detail/pipeline_checkpoint.hpp"
@@ -169,8 +170,10 @@ struct pipeline_config {
     /// more traffic per call; with resident_policy::none every buffer streams.
     std::size_t streaming_buffers = 3;
     memory_lock lock = memory_lock::unlocked;  ///< mlock() the buffers
-    /// The buffers' pages: page_size::automatic (transparent huge pages, see aligned_buffer)
-    /// or page_size::base (e.g. to compare with a program that uses base pages).
+    /// The buffers' pages: page_size::automatic (transparent huge pages, see aligned_buffer;
+    /// buffers under 2 MiB, when not locked, share one huge-page slab of a buffer_arena, their
+    /// total rounded up to 2 MiB) or page_size::base (e.g. to compare with a program that uses
+    /// base pages).
     page_size pages = page_size::automatic;
     adamw_config adam{};  ///< AdamW hyper-parameters (lr, betas, eps, weight decay)
     double max_grad_norm = 0;  ///< global-norm clipping threshold; 0 turns clipping off
@@ -704,7 +707,14 @@ private:
         std::size_t nbytes = state_floats() * sizeof(float) * cfg_.subgroup_size;
         if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
         bufs_.resize(cfg_.host_buffers);
-        for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock, default_alignment, buffer_fill::zeroed, cfg_.pages);
+        if (cfg_.pages == page_size::automatic && cfg_.lock == memory_lock::unlocked && align_up(nbytes) < huge_page_bytes) {
+            // Buffers under 2 MiB would come from malloc's scattered pages: carve them all out of
+            // one huge-page slab instead (the set rounded up to 2 MiB), as large ones get their own.
+            buffer_arena arena(cfg_.host_buffers * align_up(nbytes));
+            for (auto& b : bufs_) b.mem = arena.allocate(nbytes);
+        } else {
+            for (auto& b : bufs_) b.mem = aligned_buffer(nbytes, cfg_.lock, default_alignment, buffer_fill::zeroed, cfg_.pages);
+        }
         const std::size_t window =
             tier_with_children<Tier> ? std::numeric_limits<std::size_t>::max() : cfg_.pieces_in_flight;
         io_ = std::make_unique<detail::piece_io<Tier>>(tier_, bufs_.size(), window);
