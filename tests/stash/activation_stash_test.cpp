@@ -55,8 +55,10 @@ bool same_bytes(std::span<const std::byte> a, const std::vector<std::byte>& b) {
 
 TEST_CASE("round trips are exact for every dtype and size, kept or offloaded") {
     const std::int64_t counts[] = {0, 1, 3, 1023, 1025, 4097, 70001};
-    for (auto [mode, arena] : {std::pair{split_mode::offload_all, true}, std::pair{split_mode::keep_all, true},
-                               std::pair{split_mode::offload_all, false}}) {
+    for (const auto& run : {std::pair{split_mode::offload_all, true}, std::pair{split_mode::keep_all, true},
+                            std::pair{split_mode::offload_all, false}}) {
+        const split_mode mode = run.first;
+        const bool arena = run.second;  // not a structured binding: clang 14 cannot CAPTURE one
         CAPTURE(arena);
         host_tier tier;
         auto opts = offload_everything();
