@@ -47,9 +47,10 @@
 //    paths' measured bandwidth, as issue 7 describes with "a disk path and a second path"); the
 //    activations on the first. The premise counts the optimizer's bytes at the two paths'
 //    summed bandwidth.
-//  - step/gpt2_124M_sync/all/ranks:1: the `all` row with --update-under-forward off, every
-//    update in its own phase (what the trainer did before its ascending updates ran under the
-//    next forward): the gain of that overlap, measured in the same run.
+//  - step/gpt2_124M_sync/all/ranks:1: the `all` row with --update-under-forward off and
+//    --update-under-backward off, every update in its own phase (what the trainer did before
+//    its ascending updates ran under the next forward and its descending ones under
+//    backward): the gain of those overlaps, measured in the same run.
 //  - step/gpt2_124M_shm/all/ranks:1 and step/default_shm/all/ranks:1: the `all` runs with their
 //    paths on /dev/shm, where the bandwidth suffices (the disk of the development machine
 //    moves about 0.25-1 GB/s; a 124M step moves about 2.3 GB); vs_none against `none` runs
@@ -257,7 +258,8 @@ std::vector<std::string> command_line(const mini_gpt::options& o) {
         s(o.heads), "--vocab", s(o.vocab), "--max-seq", s(o.max_seq), "--batch", s(o.batch), "--seq", s(o.seq),
         "--steps", s(o.steps), "--subgroup", s(o.subgroup), "--buffers", s(o.buffers), "--offload",
         offload_name(o.offload), "--act-split", "offload", "--lock-dir", o.lock_dir.string(),
-        "--update-under-forward", o.update_under_forward ? "on" : "off"};
+        "--update-under-forward", o.update_under_forward ? "on" : "off", "--update-under-backward",
+        o.update_under_backward ? "on" : "off"};
     for (const auto& p : o.paths) {
         args.push_back("--path");
         args.push_back(p.string());
@@ -357,7 +359,7 @@ struct row {
     int ranks;
     bool on_shm = false;     // the paths on /dev/shm instead of the scratch directory
     bool two_paths = false;  // the optimizer over the scratch directory and /dev/shm (--path twice)
-    bool sync_update = false;  // --update-under-forward off: every update in its own phase
+    bool sync_update = false;  // --update-under-forward off --update-under-backward off: every update in its own phase
 };
 
 /// The config name's suffix of a row's paths: "_shm" (/dev/shm alone), "_2path" (the scratch
@@ -379,6 +381,7 @@ void train_step(benchmark::State& state, const row& r) {
     mini_gpt::options o = run_options(gpt2_124m, mode, path);
     if (r.two_paths) o.paths.push_back(shm_path.dir / "mini_gpt");
     o.update_under_forward = !r.sync_update;
+    o.update_under_backward = !r.sync_update;
     // The optimizer state's bandwidth: its paths' together (the virtual tier places it by
     // their measured ratio); the activations take the first path.
     const double opt_read_bps = path.read_bps + (r.two_paths ? shm_path.read_bps : 0.0);

@@ -633,8 +633,11 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
     return static_cast<float>(sum / BT);
 }
 
-void gpt2::backward(float loss_scale, activation_store& store) {
+void gpt2::backward(float loss_scale, activation_store& store, const grads_final_fn& grads_final) {
     auto t0 = clock_type::now();
+    auto announce = [&](std::size_t from) {
+        if (grads_final) grads_final(from);
+    };
     double wait_ms = 0;
     auto need = [&](int l) {
         auto w0 = clock_type::now();
@@ -656,6 +659,7 @@ void gpt2::backward(float loss_scale, activation_store& store) {
     layernorm_backward(pool_, dres, g.lnfw, g.lnfb, dln_.data(), need(L - 1).residual3, p.lnfw, lnf_mean_.data(),
                        lnf_rstd_.data(), BT, C);
     store.done_with(L - 1, layer_acts::residual3_i);
+    announce(layout_.layer_range(L).first);
     for (int l = L - 1; l >= 0; --l) {
         layer_acts a = need(l);
         const float* residual = a.inp;
@@ -690,11 +694,13 @@ void gpt2::backward(float loss_scale, activation_store& store) {
         layernorm_backward(pool_, dres, gw.ln1w, gw.ln1b, dln_.data(), residual, pw.ln1w,
                            a.ln1_mean, a.ln1_rstd, BT, C);
         store.backward_done(l);  // dres is now d residual (the layer's input)
+        announce(layout_.layer_range(l).first);
     }
     // The LM head's matmul_backward wrote g.wte; the embeddings add their part. Rows of wpe
     // past T get no gradient, so g.wpe starts from zero.
     std::fill(g.wpe, g.wpe + layout_.sizes[1], 0.0f);
     encoder_backward(pool_, g.wte, g.wpe, dres, inputs_.data(), B, T, C);
+    announce(0);
     times_.backward_ms = ms_since(t0);
     times_.act_wait_ms = wait_ms;
 }

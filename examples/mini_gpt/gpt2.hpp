@@ -226,9 +226,20 @@ public:
     float forward(const int* inputs, const int* targets, int B, int T, activation_store& store,
                   const param_gate& gate = {});
 
+    /// Called by backward each time more gradients are final: those of params [from, end of
+    /// the block) hold their values for this step and will not change again in it (see
+    /// backward()).
+    using grads_final_fn = std::function<void(std::size_t from)>;
+
     /// Backward of the last forward: grads = d(loss * loss_scale)/d(params). Every gradient
     /// is overwritten (each is written once per step, so no zeroing pass is needed).
-    void backward(float loss_scale, activation_store& store);
+    /// `grads_final` (may be empty) hears, in this order, param_layout::layer_range(L).first
+    /// (the final LayerNorm's gradients are done), layer_range(l).first after each layer
+    /// l = L-1..0, and 0 at the end (the embeddings, whose wte also collects the LM head's
+    /// part): the trainer's gate for an update that runs under backward. Backward reads the
+    /// params of a layer only before it announces that layer (and wte's only before the
+    /// first call), so such an update may change them once announced.
+    void backward(float loss_scale, activation_store& store, const grads_final_fn& grads_final = {});
 
     /// Allocates the activation scratch outside the layer blocks for batch B, time T.
     void reserve(int B, int T);

@@ -136,13 +136,31 @@ public:
         return pipe_->hand_over_gradients(std::get<std::span<const Grad>>(grads), args);
     }
     void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
+        spillway::update_args args;
+        args.grad_scale = grad_scale;
+        run_step(t, std::get<std::span<const Grad>>(grads), params, args);
+    }
+    [[nodiscard]] bool next_step_under_backward() const override {
+        return std::is_same_v<Grad, float> && pipe_->next_order().walk() == spillway::direction::descending;
+    }
+    void step_under_backward(std::int64_t t, std::span<const float> grads, std::span<float> params,
+                             spillway::gradient_gate gate) override {
+        if constexpr (std::is_same_v<Grad, float>) {
+            if (!next_step_under_backward())
+                throw std::logic_error("offloaded optimizer: step " + std::to_string(t) + " walks upwards: not under backward");
+            spillway::update_args args;
+            args.gradients_final = std::move(gate);
+            run_step(t, grads, params, args);
+        } else {
+            optimizer::step_under_backward(t, grads, params, std::move(gate));
+        }
+    }
+    void run_step(std::int64_t t, std::span<const Grad> grads, std::span<float> params, const spillway::update_args& args) {
         if (pipe_->steps() + 1 != t)
             throw std::logic_error("offloaded optimizer: step " + std::to_string(t) + " but the pipeline is at step " +
                                    std::to_string(pipe_->steps()));
-        spillway::update_args args;
-        args.grad_scale = grad_scale;
         next_order_was_ascending_ = next_step_ascending();
-        pipe_->update(std::get<std::span<const Grad>>(grads), params, args);
+        pipe_->update(grads, params, args);
         const auto& st = pipe_->last_stats();
         last_wait_ms_ = (st.read_wait_seconds + st.write_wait_seconds) * 1e3;
         ++calls_;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -78,6 +79,21 @@ public:
     /// runs it, each time more parameters are final: `done` params from the start of the
     /// span step() got hold the new values and will not change again in that step.
     virtual void on_progress(std::function<void(std::size_t done)> callback) { (void)callback; }
+    /// Whether the next step() could instead run under backward (step_under_backward): the
+    /// offloaded back end on its descending walks, which visit the parameters from the last
+    /// (whose gradients backward finishes first) to the first.
+    [[nodiscard]] virtual bool next_step_under_backward() const { return false; }
+    /// AdamW step t with fp32 gradients (unscaled) that backward is still computing, run on
+    /// a thread of the trainer's while backward runs on another: before it reads the
+    /// gradients of params [begin, end) it asks `gate` (spillway::update_args::gradients_final)
+    /// until they are final. It checks each subgroup's gradients as it takes them, so it
+    /// cannot skip an overflow: an inf or NaN gradient throws spillway::gradient_overflow_error
+    /// with part of the parameters updated. Only when next_step_under_backward().
+    virtual void step_under_backward(std::int64_t t, std::span<const float> grads, std::span<float> params,
+                                     spillway::gradient_gate gate) {
+        (void)t, (void)grads, (void)params, (void)gate;
+        throw std::logic_error("optimizer: this back end cannot step under backward");
+    }
     /// Saves the moments (and whatever else it needs) into `dir` (files fsynced).
     virtual void save(const std::filesystem::path& dir) = 0;
     /// Milliseconds the last step waited on storage.

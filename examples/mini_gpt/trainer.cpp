@@ -14,10 +14,12 @@
 #include <fstream>
 #include <functional>
 #include <iomanip>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <variant>
 
@@ -101,6 +103,11 @@ public:
         return {began_, ended_at_};
     }
 
+    /// Joins, dropping the step's error (the trainer is already failing for another reason).
+    void join_quietly() noexcept {
+        if (thread_.joinable()) thread_.join();
+    }
+
 private:
     std::thread thread_;
     std::mutex mutex_;
@@ -109,6 +116,39 @@ private:
     bool ended_ = false;
     std::exception_ptr error_;
     clock_type::time_point began_, ended_at_;
+};
+
+/// How far backward has got, for an update that runs under it (the optimizer's
+/// step_under_backward on the deferred_update thread): backward announces that the gradients
+/// from a param index upward are final (gpt2::grads_final_fn); the update's gate waits for
+/// its subgroup's range. If backward fails, abandon() makes the gate throw, so the update
+/// stops instead of waiting for ever.
+class backward_progress {
+public:
+    void advance(std::size_t from) {
+        std::lock_guard lock(mutex_);
+        final_from_ = std::min(final_from_, from);
+        cv_.notify_all();
+    }
+    void abandon() {
+        std::lock_guard lock(mutex_);
+        abandoned_ = true;
+        cv_.notify_all();
+    }
+    spillway::gradient_gate gate() {
+        return [this](std::size_t begin, std::size_t, std::chrono::microseconds wait) {
+            std::unique_lock lock(mutex_);
+            const bool ready = cv_.wait_for(lock, wait, [&] { return final_from_ <= begin || abandoned_; });
+            if (abandoned_) throw std::runtime_error("backward failed before the update under it could finish");
+            return ready;
+        };
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::size_t final_from_ = std::numeric_limits<std::size_t>::max();
+    bool abandoned_ = false;
 };
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& problem) {
@@ -255,6 +295,11 @@ Usage: mini_gpt [flags]
   --update-under-forward on|off
                       run the offloaded optimizer's ascending updates under the next forward,
                       each layer waiting for its parameters (default on; one process)
+  --update-under-backward on|off
+                      run the offloaded optimizer's descending updates under backward, each
+                      subgroup waiting for its gradients (default on; one process, fp32
+                      gradients). Such an update cannot skip an overflow: an inf or NaN
+                      gradient stops the run (exit 1); with off, the step is skipped
   --order O           the offloaded optimizer's subgroup order: alternating (default; every
                       other update is ascending) or ascending (every update)
   --save DIR          save a resumable checkpoint into DIR every --save-every K steps (default 50)
@@ -319,6 +364,7 @@ options parse_options(const std::vector<std::string>& args) {
             if (v != "alternating" && v != "ascending") bad_flag(a, "must be alternating or ascending, got '" + v + "'");
             o.ascending_order = v == "ascending";
         } else if (a == "--update-under-forward") o.update_under_forward = on_off(a, value());
+        else if (a == "--update-under-backward") o.update_under_backward = on_off(a, value());
         else if (a == "--act-recompute") o.act_recompute = on_off(a, value());
         else if (a == "--save") o.save_dir = value();
         else if (a == "--save-every") o.save_every = static_cast<int>(parse_int(a, value(), 1, 1 << 30));
@@ -624,7 +670,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     // in one process: with ranks, the parameter gather needs every shard's update first.
     deferred_update deferred;
     optim->on_progress([&deferred](std::size_t done) { deferred.progress(done); });
-    int steps_deferred = 0;
+    int steps_deferred = 0, steps_under_backward = 0;
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         auto t0 = clock_type::now();
         const double cpu0 = process_cpu_ms();
@@ -645,10 +691,29 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                 recorder->complete(compute_track, "optimizer step (under forward " + std::to_string(step) + ")", u0, u1);
             optim->prefetch();  // the next update's first reads now run under backward
         }
+        // The offloaded optimizer's descending steps run under backward (one process, fp32
+        // gradients): the walk starts at the last layers, whose gradients backward finishes
+        // first, and each subgroup waits for backward to announce its gradients final.
+        const bool under_backward = opt.update_under_backward && nranks == 1 && opt.grads == grad_dtype::fp32 &&
+                                    optim->next_step_under_backward();
+        backward_progress progress;
+        if (under_backward) {
+            deferred.start([o = optim.get(), t = state.adam_steps + 1, grads = std::span<const float>(model.grads()),
+                            params = model.params(), gate = progress.gate()] { o->step_under_backward(t, grads, params, gate); });
+            ++steps_under_backward;
+        }
         auto tb = clock_type::now();
         // Each rank's loss is the mean over its rows: weighted by rows/B, the gradients summed
         // over the ranks are those of the global mean.
-        model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), *store);
+        try {
+            gpt2::grads_final_fn announce;
+            if (under_backward) announce = [&progress](std::size_t from) { progress.advance(from); };
+            model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), *store, announce);
+        } catch (...) {
+            progress.abandon();
+            deferred.join_quietly();
+            throw;
+        }
         auto ta = clock_type::now();
         dist::allreduce_sum(model.grads());
         float loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
@@ -674,11 +739,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         // After the exchange every rank holds the same gradients: each checks its own shard
         // (the optimizer's check, which its step then reuses) and the ranks combine the verdicts.
         grad_span mine = std::visit([&](auto g) -> grad_span { return g.subspan(lo, hi - lo); }, grads);
-        const double sum_squares = optim->check(state.loss_scale, mine);
+        // (A step under backward checks each subgroup's gradients itself, as it takes them.)
+        const double sum_squares = under_backward ? 0.0 : optim->check(state.loss_scale, mine);
         auto tv = clock_type::now();
         bool finite = !dist::any(!std::isfinite(sum_squares));
         auto tc = clock_type::now();
-        if (recorder) {
+        if (recorder && !under_backward) {
             recorder->complete(compute_track, "gradient check", tu, tv);
             if (nranks > 1) recorder->complete(compute_track, "overflow verdict", tv, tc);
         }
@@ -689,8 +755,19 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         if (finite) {
             ++state.adam_steps;
             const bool save_due = !opt.save_dir.empty() && (step + 1) % opt.save_every == 0;
-            deferred_now = opt.update_under_forward && nranks == 1 && step + 1 < opt.steps && !save_due && optim->next_step_ascending();
-            if (deferred_now) {
+            deferred_now = !under_backward && opt.update_under_forward && nranks == 1 && step + 1 < opt.steps &&
+                           !save_due && optim->next_step_ascending();
+            if (under_backward) {
+                try {
+                    auto [u0, u1] = deferred.finish();
+                    if (recorder)
+                        recorder->complete(compute_track, "optimizer step (under backward " + std::to_string(step) + ")", u0, u1);
+                } catch (const spillway::gradient_overflow_error& e) {
+                    throw std::runtime_error("step " + std::to_string(step + 1) + ": " + e.what() +
+                                             " (the update ran under backward; with --update-under-backward off an "
+                                             "overflow skips the step)");
+                }
+            } else if (deferred_now) {
                 deferred.start([o = optim.get(), t = state.adam_steps, scale = state.loss_scale, mine,
                                 params = model.params().subspan(lo, hi - lo)] { o->step(t, scale, mine, params); });
                 ++steps_deferred;
@@ -734,6 +811,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             report->cpu_ms.push_back(process_cpu_ms() - cpu0);
             report->param_wait_ms.push_back(model.times().param_wait_ms);
             report->update_deferred.push_back(deferred_now);
+            report->update_under_backward.push_back(under_backward);
             report->forward_ms.push_back(model.times().forward_ms);
             report->backward_ms.push_back(model.times().backward_ms);
             report->update_ms.push_back(upd_ms);
@@ -749,16 +827,19 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             // what keeping every layer's activations would hold (act_peak_bytes' reference);
             // param_wait_ms: forward waiting for the previous step's deferred update (part of
             // forward_ms and io_wait_ms); update_deferred: this step's update runs under the
-            // next forward (update_ms is then only the gradient check).
-            char buf[768];
+            // next forward (update_ms is then only the gradient check); update_under_backward:
+            // it ran under this step's backward (update_ms is then what was left after it).
+            char buf[800];
             std::snprintf(buf, sizeof buf,
                           "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
                           "\"act_all_kept_bytes\":%zu,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%.3f,"
-                          "\"io_wait_ms\":%.3f,\"param_wait_ms\":%.3f,\"update_deferred\":%s,\"comm_ms\":%.3f,"
+                          "\"io_wait_ms\":%.3f,\"param_wait_ms\":%.3f,\"update_deferred\":%s,"
+                          "\"update_under_backward\":%s,\"comm_ms\":%.3f,"
                           "\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
                           static_cast<long long>(step), static_cast<double>(loss), step_ms, tok_s, act_peak, all_kept_bytes(),
                           model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
-                          model.times().param_wait_ms, deferred_now ? "true" : "false", comm_ms,
+                          model.times().param_wait_ms, deferred_now ? "true" : "false",
+                          under_backward ? "true" : "false", comm_ms,
                           process_cpu_ms() - cpu0, static_cast<double>(state.loss_scale), finite ? "false" : "true");
             out << buf << std::flush;
         } else if (!opt.quiet) {
@@ -768,7 +849,10 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           static_cast<long long>(step + 1), opt.steps, static_cast<double>(loss), tok_s,
                           model.times().forward_ms, model.times().backward_ms, upd_ms, io_wait,
                           nranks > 1 ? (" comm " + std::to_string(comm_ms).substr(0, 6)).c_str() : "",
-                          !finite ? " (overflow: step skipped)" : deferred_now ? " (update under the next forward)" : "");
+                          !finite          ? " (overflow: step skipped)"
+                          : deferred_now   ? " (update under the next forward)"
+                          : under_backward ? " (update under backward)"
+                                           : "");
             out << buf << std::flush;
         }
         if (!opt.save_dir.empty() && (step + 1) % opt.save_every == 0) {
@@ -839,6 +923,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           "  deferred update %d of %d updates ran under the next forward; forward waited %.1f ms per "
                           "step for their parameters\n",
                           steps_deferred, totals.steps - totals.skipped, totals.param_wait / n);
+            out << buf;
+        }
+        if (steps_under_backward > 0) {
+            std::snprintf(buf, sizeof buf, "  under backward  %d of %d updates ran under their own backward\n",
+                          steps_under_backward, totals.steps - totals.skipped);
             out << buf;
         }
         const double all_kept = static_cast<double>(all_kept_bytes());

@@ -50,6 +50,7 @@ struct options {
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
     int buffers = 6;                   // --buffers N: host buffers of the update pipeline
     bool update_under_forward = true;  // --update-under-forward on|off
+    bool update_under_backward = true; // --update-under-backward on|off
     bool ascending_order = false;      // --order alternating|ascending (the offloaded optimizer's)
     std::filesystem::path save_dir;    // --save DIR
     int save_every = 50;               // --save-every K
@@ -85,6 +86,7 @@ struct run_report {
     std::vector<double> cpu_ms;  // CPU time of the whole process (all threads) per step
     std::vector<double> param_wait_ms;  // forward waiting for a deferred update's parameters
     std::vector<bool> update_deferred;  // the step's update ran under the next forward
+    std::vector<bool> update_under_backward;  // the step's update ran under its own backward
     std::vector<std::size_t> act_peak_bytes;
     std::size_t all_kept_bytes = 0;  // activations if every layer were kept in memory
     std::size_t layer_act_bytes = 0; // the layer blocks alone (what --act-split offload moves)

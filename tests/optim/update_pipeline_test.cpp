@@ -1206,3 +1206,168 @@ TEST_CASE("bad configurations and arguments are refused up front") {
     CHECK_THROWS_AS((update_pipeline<host_tier, float16>(tier, cfg, init)), std::invalid_argument);
     CHECK(p.update(g, {}) == step_result::applied);  // no compute copy is fine
 }
+
+namespace {
+
+/// A backward pass on a thread of its own: writes the gradients of one step into the
+/// trainer's buffer from the top of the parameter block down, in chunks that do not follow
+/// the subgroups, and tells the gate how far it got. Until written, every gradient is NaN, so
+/// an update that read one before its gate opened would throw or give other bits.
+template <class Grad>
+class fake_backward {
+public:
+    explicit fake_backward(std::vector<Grad>& buffer) : buf_(buffer) {}
+    ~fake_backward() {
+        if (thread_.joinable()) thread_.join();
+    }
+
+    void start(std::vector<Grad> values, std::size_t chunk) {
+        std::fill(buf_.begin(), buf_.end(), from_f<Grad>(std::numeric_limits<float>::quiet_NaN()));
+        final_from_ = buf_.size();
+        thread_ = std::thread([this, values = std::move(values), chunk] {
+            for (std::size_t end = buf_.size(); end > 0;) {
+                const std::size_t begin = end > chunk ? end - chunk : 0;
+                std::this_thread::sleep_for(std::chrono::microseconds(300));
+                std::copy(values.begin() + static_cast<std::ptrdiff_t>(begin),
+                          values.begin() + static_cast<std::ptrdiff_t>(end), buf_.begin() + static_cast<std::ptrdiff_t>(begin));
+                std::lock_guard lock(mu_);
+                final_from_ = end = begin;
+                cv_.notify_all();
+            }
+        });
+    }
+    void join() { thread_.join(); }
+
+    /// The gate (update_args::gradients_final); records what it was asked.
+    gradient_gate gate() {
+        return [this](std::size_t begin, std::size_t end, std::chrono::microseconds wait) {
+            std::unique_lock lock(mu_);
+            asked_.emplace_back(begin, end);
+            return cv_.wait_for(lock, wait, [&] { return final_from_ <= begin; });
+        };
+    }
+    std::vector<std::pair<std::size_t, std::size_t>> asked() {
+        std::lock_guard lock(mu_);
+        return asked_;
+    }
+
+private:
+    std::vector<Grad>& buf_;
+    std::thread thread_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::size_t final_from_ = 0;
+    std::vector<std::pair<std::size_t, std::size_t>> asked_;
+};
+
+}  // namespace
+
+TEST_CASE("streamed update under a backward pass: each subgroup waits for its gradients, same bits") {
+    // The trainer's pattern: master params in its memory, fp32 gradients in a buffer that
+    // backward fills while update() runs on another thread.
+    for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
+        CAPTURE(kind_name(kind));
+        tier_box box(kind);
+        box.visit([&](auto& tier) {
+            using tier_t = std::remove_reference_t<decltype(tier)>;
+            auto init = make_params(params_total, 23);
+            std::vector<float> params = init;
+            pipeline_options opt;
+            opt.master_params = params;
+            update_pipeline<tier_t, float, float> pipe(
+                tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()},
+                params, opt);
+            reference<float, float> ref(init, 0.0);
+            std::vector<float> grads(params_total);
+            fake_backward<float> backward(grads);
+            for (int k = 0; k < 4; ++k) {
+                auto values = make_grads<float>(params_total, 700 + static_cast<unsigned>(k), 1.0f);
+                backward.start(values, 50);
+                REQUIRE(pipe.update(grads, params, update_args{.gradients_final = backward.gate()}) == step_result::applied);
+                backward.join();
+                REQUIRE(ref.step(values, 1.0f) == step_result::applied);
+                CHECK_MESSAGE(bits_equal(params, ref.p), "params differ after step " << k);
+                // The norm of the per-subgroup checks, summed in subgroup order as the up-front check sums.
+                double total = 0;
+                for (std::size_t s = 0; s < pipe.subgroup_count(); ++s)
+                    total += grad_sum_squares<float>(std::span<const float>(values).subspan(s * subgroup, pipe.subgroup_elements(s)), 1.0f);
+                CHECK(pipe.last_stats().grad_norm == std::sqrt(total));
+                CHECK(pipe.last_stats().gradient_wait_seconds > 0);
+            }
+            check_state(pipe, ref);
+            // The gate was asked about whole subgroups only.
+            for (auto [begin, end] : backward.asked()) {
+                CHECK(begin % subgroup == 0);
+                CHECK(end == std::min(begin + subgroup, params_total));
+            }
+        });
+    }
+}
+
+TEST_CASE("streamed update: an inf gradient throws naming the subgroup, and a retry finishes the step once") {
+    test::temp_dir dir("pipe-streamed-inf");
+    file_tier<> tier(dir.path());
+    auto init = make_params(params_total, 29);
+    std::vector<float16> copy(params_total);
+    update_pipeline<file_tier<>, float16> pipe(
+        tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()}, init);
+    reference<float16, float16> ref(init, 0.0);
+    std::vector<float16> grads(params_total);
+    fake_backward<float16> backward(grads);
+    // Step 1 ascends; step 2 descends, the walk a trainer streams under backward.
+    auto g1 = make_grads<float16>(params_total, 40, 1.0f);
+    REQUIRE(pipe.update(g1, copy) == ref.step(g1, 1.0f));
+    const auto order = pipe.next_order();
+    REQUIRE(order[0] == pipe.subgroup_count() - 1);
+    const std::size_t bad = 5;  // visited at position 3 of the descending walk
+    const std::size_t position = static_cast<std::size_t>(std::find(order.begin(), order.end(), bad) - order.begin());
+    auto g2 = make_grads<float16>(params_total, 41, 1.0f);
+    auto g2_inf = g2;
+    g2_inf[bad * subgroup + 7] = from_f<float16>(std::numeric_limits<float>::infinity());
+    backward.start(g2_inf, 64);
+    try {
+        (void)pipe.update(grads, copy, update_args{.gradients_final = backward.gate()});
+        FAIL("a streamed update with an inf gradient returned");
+    } catch (const gradient_overflow_error& e) {
+        CHECK(e.subgroup() == bad);
+        CHECK(e.subgroups_updated() == position);
+        const std::string what = e.what();
+        CHECK(what.find("subgroup " + std::to_string(bad)) != std::string::npos);
+        CHECK(what.find("inf or NaN") != std::string::npos);
+    }
+    backward.join();
+    CHECK(pipe.steps() == 1);  // the step is not complete
+    // The trainer mends the gradient and calls again: the subgroups before `bad` are not
+    // updated twice, and the result is the step with the mended gradients.
+    grads = g2;
+    REQUIRE(pipe.update(grads, copy) == step_result::applied);
+    REQUIRE(ref.step(g2, 1.0f) == step_result::applied);
+    CHECK(bits_equal(copy, ref.copy));
+    check_state(pipe, ref);
+}
+
+TEST_CASE("streamed update: clipping and the fp32 gradient path are refused up front") {
+    host_tier tier;
+    auto init = make_params(params_total, 3);
+    std::vector<float16> copy(params_total);
+    auto g = make_grads<float16>(params_total, 4, 1.0f);
+    auto open = [](std::size_t, std::size_t, std::chrono::microseconds) { return true; };
+    {
+        update_pipeline<host_tier, float16> pipe(
+            tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam(),
+                   .max_grad_norm = 1.0},
+            init);
+        CHECK_THROWS_WITH_AS(pipe.update(g, copy, update_args{.gradients_final = open}),
+                             doctest::Contains("cannot clip"), std::invalid_argument);
+        CHECK(pipe.steps() == 0);
+    }
+    {
+        pipeline_options opt;
+        opt.gradients = gradient_path::fp32_on_tier;
+        update_pipeline<host_tier, float16> pipe(
+            tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()}, init, opt);
+        CHECK_THROWS_WITH_AS(pipe.update(g, copy, update_args{.gradients_final = open}),
+                             doctest::Contains("lazy widening"), std::invalid_argument);
+        CHECK(pipe.steps() == 0);
+    }
+}

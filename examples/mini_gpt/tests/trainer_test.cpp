@@ -154,6 +154,89 @@ TEST_CASE("updates run under the next forward give the same bits, on ascending i
     CHECK(report.update_deferred == std::vector<bool>(6, false));
 }
 
+TEST_CASE("updates run under backward give the same bits, on descending iterations with fp32 gradients only") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 3;
+    o.steps = 6;
+    o.subgroup = 2000;  // ~20 subgroups: each layer spans several, and the embeddings several more
+    o.offload = offload_mode::optimizer;
+    o.save_dir = dir.path() / "saves";
+    o.save_every = 4;  // a save after step 3, a descending step: its update finishes before the save
+    std::vector<std::vector<char>> models;
+    std::vector<std::vector<float>> losses;
+    for (bool under : {false, true}) {
+        options u = o;
+        u.update_under_backward = under;
+        u.save_model = dir.path() / (under ? "under.bin" : "sync.bin");
+        std::ostringstream out;
+        run_report report;
+        losses.push_back(train(u, out, &report));
+        models.push_back(file_bytes(u.save_model));
+        // Descending iterations are steps 1, 3, 5; the ascending ones run under the next
+        // forward either way.
+        const std::vector<bool> expected =
+            under ? std::vector<bool>{false, true, false, true, false, true} : std::vector<bool>(6, false);
+        CHECK(report.update_under_backward == expected);
+        CHECK(report.update_deferred == std::vector<bool>{true, false, true, false, true, false});
+        CHECK((out.str().find("ran under their own backward") != std::string::npos) == under);
+    }
+    CHECK(losses[0] == losses[1]);
+    CHECK(models[0] == models[1]);
+    // Resumed from the save after step 3: steps 4 (under the next forward) and 5 (under
+    // backward) continue with the same bits.
+    {
+        options r = o;
+        r.resume_dir = o.save_dir;
+        r.save_dir.clear();
+        r.save_model = dir.path() / "resumed.bin";
+        std::ostringstream out;
+        auto tail = train(r, out);
+        REQUIRE(tail.size() == 2);
+        CHECK(tail[0] == losses[1][4]);
+        CHECK(tail[1] == losses[1][5]);
+        CHECK(file_bytes(r.save_model) == models[1]);
+    }
+    // bf16 gradients are narrowed after backward: never under it, and the same bits as none.
+    options b = o;
+    b.grads = grad_dtype::bf16;
+    b.save_dir.clear();
+    run_report report;
+    std::ostringstream out;
+    auto bf16_losses = train(b, out, &report);
+    CHECK(report.update_under_backward == std::vector<bool>(6, false));
+    b.offload = offload_mode::none;
+    CHECK(run(b) == bf16_losses);
+    // The in-memory optimizer never runs under backward, and gives the same bits.
+    options m = o;
+    m.offload = offload_mode::none;
+    m.save_dir.clear();
+    m.save_model = dir.path() / "none.bin";
+    run_report mreport;
+    std::ostringstream mout;
+    CHECK(train(m, mout, &mreport) == losses[0]);
+    CHECK(file_bytes(m.save_model) == models[0]);
+    CHECK(mreport.update_under_backward == std::vector<bool>(6, false));
+}
+
+TEST_CASE("an inf or NaN gradient in an update under backward stops the run with a clear error") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.offload = offload_mode::optimizer;
+    o.lr = 1e30f;  // step 0's update blows the params up: step 1's gradients are NaN
+    // Step 1 walks downwards, under backward: it cannot skip, so the run stops, naming the step.
+    CHECK_THROWS_WITH_AS(run(o), doctest::Contains("step 2: update_pipeline: a gradient of subgroup"), std::runtime_error);
+    // With the update after backward, the step is skipped as in every other mode.
+    o.update_under_backward = false;
+    std::ostringstream out;
+    run_report report;
+    auto losses = train(o, out, &report);
+    REQUIRE(losses.size() == 4);
+    CHECK(std::isfinite(losses[0]));
+    CHECK(std::isnan(losses[1]));
+    CHECK(out.str().find("3 skipped") != std::string::npos);
+}
+
 TEST_CASE("every --act-split choice gives the same bits") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());

@@ -19,7 +19,10 @@
 //   this step over the same span and scale (backward's hand-over, while the paths
 //   prefetch). If any gradient is inf/NaN it returns
 //   step_result::skipped_overflow before any I/O: nothing on the tier, in the buffers or in
-//   the trainer's copy changes, and the step counter does not advance.
+//   the trainer's copy changes, and the step counter does not advance. A streamed update
+//   (update_args::gradients_final: the call runs while backward still computes) checks each
+//   subgroup as it takes it instead, so it cannot skip: an inf/NaN gradient throws
+//   gradient_overflow_error naming the subgroup, the ones before it holding the new step.
 // - Clipping: with max_grad_norm > 0 the gradients are scaled by clip_coefficient(total,
 //   max_grad_norm) (torch's clip_grad_norm_ over all parameters).
 // - Faults: a tier error is rethrown as std::system_error (same errno; other exceptions as
@@ -53,7 +56,8 @@
 //     not depend on the gradients, and the paths work while the check runs; a skipped step
 //     keeps them for the next call). Check the gradients (sum of squares of all, polling the
 //     I/O between subgroups; overflow returns here), unless hand_over_gradients() did for
-//     this step over the same span and scale, and compute the clipping coefficient.
+//     this step over the same span and scale (a streamed update checks in step 4 instead),
+//     and compute the clipping coefficient.
 //     Make room: if more than R subgroups are resident (only after a failed
 //     call), write out those visited last until the bound holds.
 //  2. Walk the subgroups in this call's order (alternating_order(N, steps(), first) or
@@ -66,7 +70,10 @@
 //     as served from the resident set). Otherwise, if its read was never issued because no
 //     buffer was free, wait for writes to finish (write-wait) and issue it; then wait for
 //     the read (read-wait).
-//  4. Compute: if the buffer holds the subgroup at step t-1, run adamw_step for step t with
+//  4. Compute. A streamed update first asks update_args::gradients_final whether the
+//     subgroup's gradients are final, polling the I/O and issuing reads ahead (step 2) between
+//     asks, then checks them (sum of squares; inf/NaN throws gradient_overflow_error after
+//     the error handling of step 7). If the buffer holds the subgroup at step t-1, run adamw_step for step t with
 //     the trainer's gradients of the subgroup (widened inside the step), writing the compute
 //     copy to the trainer's buffer; if it already holds step t (a retried call), only write
 //     the compute copy.
@@ -222,9 +229,48 @@ struct pipeline_options {
     std::function<void(std::size_t subgroup)> on_subgroup_updated{};
 };
 
+/// Whether the gradients of parameters [begin, end) are final: returns true once they are,
+/// waiting at most `wait_at_most` for them and returning false if they are not final by then
+/// (see update_args::gradients_final).
+using gradient_gate = std::function<bool(std::size_t begin, std::size_t end, std::chrono::microseconds wait_at_most)>;
+
 /// Per-call arguments.
 struct update_args {
     float grad_scale = 1.0f;  ///< the loss scale the gradients carry (divided out)
+    /// A streamed update: set by a trainer that calls update() while its backward pass is
+    /// still computing the gradients (on a thread of its own), so that the update's I/O and
+    /// Adam steps run under backward. The call then reads ahead as usual, but before the Adam
+    /// step of each subgroup it asks this gate until the subgroup's gradients are final,
+    /// topping up the I/O (and the reads ahead) between asks; it reads no gradient before
+    /// its gate says so. Backward finishes the gradients of the last layers first, so a
+    /// descending walk (every other call of the alternating order) follows it.
+    ///
+    /// The gradients are then checked subgroup by subgroup, as each is taken, instead of all
+    /// at once before the first update, so a streamed update cannot skip an overflow: an
+    /// inf or NaN gradient throws gradient_overflow_error naming the subgroup, with the
+    /// subgroups visited before it already holding the new step (no state is lost, as after
+    /// a fault: update() again with finite gradients of this step finishes it exactly once).
+    /// Use it where the step is not expected to overflow (fp32 or bf16 gradients without
+    /// loss scaling); with fp16 loss scaling, whose overflows are routine, check first.
+    /// Refused (std::invalid_argument) with clipping (max_grad_norm > 0: the norm needs every
+    /// gradient first) and with gradient_path::fp32_on_tier (its hand-over checks first).
+    gradient_gate gradients_final{};
+};
+
+/// Thrown by a streamed update (update_args::gradients_final) that finds an inf or NaN
+/// gradient: the step is only partly applied (see update_args).
+class gradient_overflow_error : public std::runtime_error {
+public:
+    /// `what`: the message; `subgroup`: the one with the inf/NaN; `updated`: how many already hold the step.
+    gradient_overflow_error(const std::string& what, std::size_t subgroup, std::size_t updated)
+        : std::runtime_error(what), subgroup_(subgroup), updated_(updated) {}
+    /// The subgroup whose gradients are not finite.
+    [[nodiscard]] std::size_t subgroup() const noexcept { return subgroup_; }
+    /// Subgroups that already hold the new step.
+    [[nodiscard]] std::size_t subgroups_updated() const noexcept { return updated_; }
+
+private:
+    std::size_t subgroup_, updated_;
 };
 
 /// Bytes a tier (or one child of a virtual tier) moved during a call, and how long it was
@@ -255,6 +301,7 @@ struct update_stats {
     double read_wait_seconds = 0;   ///< blocked waiting for reads
     double compute_seconds = 0;     ///< in the Adam step (and the gradient check)
     double write_wait_seconds = 0;  ///< blocked waiting for writes
+    double gradient_wait_seconds = 0;  ///< a streamed update: waiting for the gradients to be final
     double handover_seconds = 0;    ///< hand_over_gradients() for this step (0 when not called)
     std::size_t subgroups_read = 0;        ///< subgroups whose state was read from the tier
     std::size_t subgroups_written = 0;     ///< subgroups whose state was written to the tier
@@ -383,12 +430,21 @@ public:
     /// skipped_overflow; stats in last_stats(). Throws as described in the header comment.
     step_result update(std::span<const Grad> grads, std::span<ParamCopy> copy_out, update_args args = {}) {
         check_grads_size(grads);
+        expect_argument(!args.gradients_final || opts_.gradients != gradient_path::fp32_on_tier,
+                        "update_pipeline: a streamed update (update_args::gradients_final) needs lazy widening: "
+                        "gradient_path::fp32_on_tier hands every gradient over first");
         if (opts_.gradients == gradient_path::fp32_on_tier) {
             hand_over_gradients(grads, args);
             return run(std::span<const Grad>{}, copy_out);
         }
         check_copy_size(copy_out);  // bad arguments are refused before any I/O
         check_grad_scale(args.grad_scale);
+        if (args.gradients_final) {
+            expect_argument(cfg_.max_grad_norm == 0,
+                            "update_pipeline: a streamed update (update_args::gradients_final) cannot clip: "
+                            "max_grad_norm is " + std::to_string(cfg_.max_grad_norm) + " and the norm needs every gradient first");
+            return run_streamed(grads, copy_out, args);
+        }
         auto t0 = clock::now();
         auto children_before = child_snapshot();
         // The first reads go out before the gradient check: they do not depend on it, and
@@ -847,9 +903,26 @@ private:
 
     // `started` and `children_before`: the call's start and per-child counters, when update()
     // did I/O before calling run().
+    // A streamed update (update_args::gradients_final): nothing is checked up front; run()
+    // checks each subgroup's gradients once its gate opens.
+    step_result run_streamed(std::span<const Grad> grads, std::span<ParamCopy> copy_out, const update_args& args) {
+        auto t0 = clock::now();
+        auto children_before = child_snapshot();
+        handover_ = handover_state{};
+        handover_.grad_scale = args.grad_scale;
+        handover_.for_step = steps_ + 1;
+        handover_.valid = true;
+        struct consume {
+            handover_state& h;
+            ~consume() { h.valid = false; }
+        } consumed{handover_};
+        return run(grads, copy_out, t0, std::move(children_before), &args.gradients_final);
+    }
+
     step_result run(std::span<const Grad> grads, std::span<ParamCopy> copy_out,
                     std::optional<clock::time_point> started = std::nullopt,
-                    std::optional<std::vector<child_io>> children_before = std::nullopt) {
+                    std::optional<std::vector<child_io>> children_before = std::nullopt,
+                    const gradient_gate* gate = nullptr) {
         auto t0 = started.value_or(clock::now());
         check_copy_size(copy_out);
         expect_argument(handover_.valid && handover_.for_step == steps_ + 1,
@@ -886,28 +959,31 @@ private:
         // served_from_prefetch counts the trainer's begin_prefetch() calls, not update()'s own.
         stats_.served_from_prefetch -= std::exchange(own_prefetches_, 0);
         std::size_t next = 0;
+        // Step 2: reads ahead of position p.
+        auto read_ahead = [&](std::size_t p) {
+            next = std::max(next, p);
+            while (next < n_) {
+                std::size_t s2 = order[next];
+                const std::ptrdiff_t held = resident_of_[s2] >= 0 ? resident_of_[s2] : read_buf[next];
+                if (held >= 0) {  // resident, or prefetched
+                    if (opts_.gradients == gradient_path::fp32_on_tier) issue_grad_read(static_cast<std::size_t>(held), s2);
+                    ++next;
+                    continue;
+                }
+                auto b = find_free();
+                if (!b) break;
+                issue_read(*b, s2);
+                read_buf[next] = static_cast<std::ptrdiff_t>(*b);
+                ++next;
+            }
+        };
+        std::vector<double> squares(gate ? n_ : 0);  // a streamed update's check, per subgroup
         try {
             for (std::size_t p = 0; p < n_; ++p) {
                 const std::size_t s = order[p];
                 poll_io();
                 rethrow_pending();
-                // Step 2: reads ahead.
-                next = std::max(next, p);
-                while (next < n_) {
-                    std::size_t s2 = order[next];
-                    const std::ptrdiff_t held = resident_of_[s2] >= 0 ? resident_of_[s2] : read_buf[next];
-                    if (held >= 0) {  // resident, or prefetched
-                        if (opts_.gradients == gradient_path::fp32_on_tier)
-                            issue_grad_read(static_cast<std::size_t>(held), s2);
-                        ++next;
-                        continue;
-                    }
-                    auto b = find_free();
-                    if (!b) break;
-                    issue_read(*b, s2);
-                    read_buf[next] = static_cast<std::ptrdiff_t>(*b);
-                    ++next;
-                }
+                read_ahead(p);
                 // Step 3: the buffer of subgroup s.
                 std::size_t b;
                 if (resident_of_[s] >= 0) {
@@ -926,7 +1002,8 @@ private:
                     wait_read(b);
                 }
                 if (opts_.gradients == gradient_path::fp32_on_tier) wait_grad_read(b, s);
-                // Step 4: compute.
+                // Step 4: compute (a streamed update first waits for and checks the gradients).
+                if (gate) squares[s] = await_gradients(*gate, s, p, grads, [&] { read_ahead(p + 1); });
                 compute(b, s, target, args, grads, copy_out);
                 if (opts_.on_subgroup_updated) opts_.on_subgroup_updated(s);
                 // Step 5: hand the buffer on.
@@ -952,9 +1029,47 @@ private:
         ++iteration_;
         stats_.step = target;
         stats_.result = step_result::applied;
+        if (gate) {  // summed in subgroup order, as the up-front check sums
+            double total = 0;
+            for (double x : squares) total += x;
+            stats_.grad_norm = std::sqrt(total);
+        }
         fill_children(before);
         stats_.seconds = seconds_since(t0);
         return step_result::applied;
+    }
+
+    // A streamed update, before the Adam step of subgroup s (position p of the walk): asks
+    // the gate until the subgroup's gradients are final, keeping the I/O going in between
+    // (`keep_busy` issues reads ahead), then checks them. Returns their sum of squares;
+    // throws gradient_overflow_error when one is inf or NaN.
+    template <class KeepBusy>
+    double await_gradients(const gradient_gate& gate, std::size_t s, std::size_t p, std::span<const Grad> grads,
+                           KeepBusy&& keep_busy) {
+        const std::size_t begin = s * cfg_.subgroup_size, count = subgroup_elements(s);
+        auto t0 = clock::now();
+        // Short asks while transfers are in flight (their completions free buffers for the
+        // reads ahead and keep the windows full); long ones once the paths have nothing to do.
+        constexpr std::chrono::microseconds busy_wait{500}, idle_wait{20000};
+        while (!gate(begin, begin + count, io_->idle() ? idle_wait : busy_wait)) {
+            poll_io();
+            rethrow_pending();
+            keep_busy();
+        }
+        stats_.gradient_wait_seconds += seconds_since(t0);
+        auto t1 = clock::now();
+        const double squares = grad_sum_squares<Grad>(grads.subspan(begin, count), handover_.grad_scale, opts_.pool);
+        stats_.compute_seconds += seconds_since(t1);
+        if (!std::isfinite(squares))
+            throw gradient_overflow_error("update_pipeline: a gradient of subgroup " + std::to_string(s) + " (params [" +
+                                              std::to_string(begin) + ", " + std::to_string(begin + count) +
+                                              ")) is inf or NaN in a streamed update of step " +
+                                              std::to_string(steps_ + 1) + ": " + std::to_string(p) + " of " +
+                                              std::to_string(n_) +
+                                              " subgroups already hold that step (a streamed update cannot skip; call "
+                                              "update() again with finite gradients of this step to finish it)",
+                                          s, p);
+        return squares;
     }
 
     void compute(std::size_t b, std::size_t s, std::int64_t target, const adamw_step_args& args,
