@@ -1371,3 +1371,32 @@ TEST_CASE("streamed update: clipping and the fp32 gradient path are refused up f
         CHECK(pipe.steps() == 0);
     }
 }
+
+TEST_CASE("streamed update: a gate that throws (backward failed) loses nothing, and a retry finishes the step") {
+    test::temp_dir dir("pipe-streamed-gate");
+    file_tier<> tier(dir.path());
+    auto init = make_params(params_total, 37);
+    std::vector<float16> copy(params_total);
+    update_pipeline<file_tier<>, float16> pipe(
+        tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()}, init);
+    reference<float16, float16> ref(init, 0.0);
+    auto g1 = make_grads<float16>(params_total, 50, 1.0f);
+    REQUIRE(pipe.update(g1, copy) == ref.step(g1, 1.0f));
+    // The descending walk: the gate opens for three subgroups, then backward fails.
+    auto g2 = make_grads<float16>(params_total, 51, 1.0f);
+    std::size_t opened = 0;
+    auto gate = [&](std::size_t, std::size_t, std::chrono::microseconds) -> bool {
+        if (opened == 3) throw std::runtime_error("backward failed");
+        ++opened;
+        return true;
+    };
+    CHECK_THROWS_WITH_AS(pipe.update(g2, copy, update_args{.gradients_final = gate}), doctest::Contains("backward failed"),
+                         std::runtime_error);
+    CHECK(opened == 3);
+    CHECK(pipe.steps() == 1);
+    // The three subgroups already hold step 2; a plain call applies the rest, each once.
+    REQUIRE(pipe.update(g2, copy) == step_result::applied);
+    REQUIRE(ref.step(g2, 1.0f) == step_result::applied);
+    CHECK(bits_equal(copy, ref.copy));
+    check_state(pipe, ref);
+}
