@@ -47,7 +47,7 @@ template <class Fn>
 template <class Fn>
 void run_simd(const Fn& fn, std::size_t a, std::size_t b) {
 #if SPILLWAY_X86_SIMD
-    static const spillway::detail::simd_level level = spillway::detail::best_simd_level();
+    const spillway::detail::simd_level level = spillway::detail::best_simd_level();  // cached by the library
     if (level == spillway::detail::simd_level::avx512) return run_avx512(fn, a, b);
     if (level == spillway::detail::simd_level::avx2) return run_avx2(fn, a, b);
 #endif
