@@ -42,6 +42,14 @@
 //    bandwidth_suffices (1 when path_floor_ms is below the `none` step and, for `all`,
 //    forward_write_floor_ms below the `none` forward: TBA's premise that the writes keep up
 //    with the forward that produces them).
+//    The default config's one-rank `optimizer`, `activations` and `all` rows also measure the
+//    machine's charge for their I/O (where fio is installed): in each pair, after the row's
+//    run, a `none` run while fio moves the row's bytes each way at the pace of the row's run
+//    (random 1 MiB O_DIRECT reads and writes on the same path). Counters: io_load_bytes_per_step,
+//    io_load_read_bytes_per_s and io_load_write_bytes_per_s (what fio moved), none_under_io_ms,
+//    io_tax (that `none` step over the pair's plain `none` step; median of the pairs) and
+//    vs_none_under_io (the row over the `none` step under fio: 1 means the row costs what its
+//    bytes alone cost the machine).
 //  - step/gpt2_124M_2path/all/ranks:1: the optimizer state over two paths, the scratch
 //    directory and /dev/shm (`--path` twice: the virtual tier places the subgroups by the
 //    paths' measured bandwidth, as issue 7 describes with "a disk path and a second path"); the
@@ -84,6 +92,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/bench_env.hpp"
+#include "support/fio.hpp"
 
 #if __has_include("trainer.hpp")
 #include <cblas.h>
@@ -98,6 +107,7 @@ namespace {
 
 using mini_gpt::offload_mode;
 using mini_gpt::offload_name;
+using spillway::bench::shell_quote;
 
 int bench_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
@@ -267,12 +277,6 @@ std::vector<std::string> command_line(const mini_gpt::options& o) {
     return args;
 }
 
-std::string shell_quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-}
-
 /// The model `o` describes (the vocabulary padded to a multiple of 64, as the trainer does).
 mini_gpt::gpt2_config model_config(const mini_gpt::options& o) {
     mini_gpt::gpt2_config c;
@@ -333,13 +337,6 @@ series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
     }
     if (static_cast<int>(r.loss.size()) != o.steps)
         throw std::runtime_error("expected " + std::to_string(o.steps) + " steps from: " + cmd + "\n" + out);
-    // The static sizes, from the config the flags describe (each rank holds B/ranks rows).
-    const mini_gpt::gpt2_config c = model_config(o);
-    rep->params = mini_gpt::param_layout(c).total;
-    // What the stash writes per layer: the block less what backward recomputes (--act-recompute
-    // is on in every row).
-    rep->layer_act_bytes = mini_gpt::layer_acts::stored_floats(c, o.batch / ranks, o.seq) * sizeof(float) *
-                           static_cast<std::size_t>(o.layers);
     r.step_ms = rep->step_ms;
     r.act_peak_bytes = static_cast<std::size_t>(median(after_first(rep->act_peak_bytes)));
     return r;
@@ -367,6 +364,55 @@ struct row {
 /// all run in their own phase.
 std::string row_suffix(const row& r) {
     return std::string(r.on_shm ? "_shm" : r.two_paths ? "_2path" : "") + (r.sync_update ? "_sync" : "");
+}
+
+/// A one-rank step's bytes through its path, each way: m and v of every parameter with the
+/// optimizer offloaded (the fp32 params are the model's own and stay in memory), and every
+/// layer's stored activations with them offloaded (--act-split offload; the block less what
+/// backward recomputes: --act-recompute is on in every row).
+struct path_traffic {
+    double state_bytes = 0, act_bytes = 0;
+    [[nodiscard]] double each_way() const { return state_bytes + act_bytes; }
+};
+path_traffic traffic_of(const mini_gpt::options& o) {
+    const mini_gpt::gpt2_config c = model_config(o);
+    path_traffic t;
+    if (o.offload == offload_mode::optimizer || o.offload == offload_mode::all)
+        t.state_bytes = 8.0 * static_cast<double>(mini_gpt::param_layout(c).total);
+    if (o.offload == offload_mode::activations || o.offload == offload_mode::all)
+        t.act_bytes = static_cast<double>(mini_gpt::layer_acts::stored_floats(c, o.batch, o.seq) * sizeof(float) *
+                                          static_cast<std::size_t>(o.layers));
+    return t;
+}
+
+/// The machine's charge for I/O: a `none` run (which touches no path) while fio moves
+/// `bytes_per_s` each way through `path` in the offloaded runs' pattern (random 1 MiB reads and
+/// writes, O_DIRECT, a few in flight, buffers on huge pages as the stash's are). On a virtual
+/// machine the host's side of the I/O can take time from the guest's cores, so the bytes an
+/// offloading row moves slow its compute even though its own threads barely use the CPU.
+struct taxed_run {
+    double step_s = 0;
+    spillway::bench::fio_result moved;
+};
+taxed_run run_under_io(const mini_gpt::options& none_o, const offload_path& path, double bytes_per_s) {
+    const auto dir = path.dir / "mini_gpt-io-load";
+    std::filesystem::create_directories(dir);
+    const auto rate = std::to_string(static_cast<long long>(bytes_per_s));
+    taxed_run t;
+    {
+        spillway::bench::background_fio fio("--name=io_load --directory=" + shell_quote(dir.string()) +
+                                                " --size=256m --rw=randrw --bs=1m --direct=1 --ioengine=io_uring"
+                                                " --iodepth=4 --time_based --runtime=3600 --rate=" + rate + "," + rate,
+                                            path.dir, spillway::bench::fio_memory::huge_pages);
+        // fio first lays out its 256 MiB file (a fraction of a second at this disk's speed).
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        const series_run none = run_once(none_o, 1, nullptr);
+        t.moved = fio.stop();
+        t.step_s = cycle_median(none.step_ms) / 1e3;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    return t;
 }
 
 void train_step(benchmark::State& state, const row& r) {
@@ -401,6 +447,12 @@ void train_step(benchmark::State& state, const row& r) {
         series_run run;
         mini_gpt::run_report rep;
         std::vector<double> row_s, none_s, none_forward_ms, ratios;
+        // The I/O tax (default config, one rank, the disk path): per pair, a `none` run under
+        // fio moving this row's bytes at this run's pace (see run_under_io).
+        const path_traffic traffic = traffic_of(o);
+        const bool measure_tax = !gpt2_124m && ranks == 1 && !r.on_shm && !r.two_paths && !r.sync_update &&
+                                 mode != offload_mode::none && spillway::bench::fio_available();
+        std::vector<double> taxed_s, tax_ratios, vs_taxed, fio_read_bps, fio_write_bps;
         try {
             for (int k = 0; k < pairs; ++k) {
                 if (mode != offload_mode::none) {
@@ -414,6 +466,14 @@ void train_step(benchmark::State& state, const row& r) {
                 series_run this_run = run_once(o, ranks, &this_rep);
                 row_s.push_back(cycle_median(this_run.step_ms) / 1e3);
                 if (!none_s.empty()) ratios.push_back(row_s.back() / none_s.back());
+                if (measure_tax && !none_s.empty()) {
+                    const taxed_run t = run_under_io(none_o, path, traffic.each_way() / row_s.back());
+                    taxed_s.push_back(t.step_s);
+                    tax_ratios.push_back(t.step_s / none_s.back());
+                    vs_taxed.push_back(row_s.back() / t.step_s);
+                    fio_read_bps.push_back(t.moved.read_bytes_per_second);
+                    fio_write_bps.push_back(t.moved.write_bytes_per_second);
+                }
                 if (k == 0) {  // the series and the per-step counters come from the first run
                     run = std::move(this_run);
                     rep = std::move(this_rep);
@@ -461,12 +521,17 @@ void train_step(benchmark::State& state, const row& r) {
             state.counters["vs_none_min"] = *std::min_element(ratios.begin(), ratios.end());
             state.counters["vs_none_max"] = *std::max_element(ratios.begin(), ratios.end());
         }
+        if (!taxed_s.empty()) {
+            state.counters["io_load_bytes_per_step"] = 2 * traffic.each_way();
+            state.counters["none_under_io_ms"] = median(taxed_s) * 1e3;
+            state.counters["io_tax"] = median(tax_ratios);
+            state.counters["vs_none_under_io"] = median(vs_taxed);
+            state.counters["io_load_read_bytes_per_s"] = median(fio_read_bps);
+            state.counters["io_load_write_bytes_per_s"] = median(fio_write_bps);
+        }
         if ((mode == offload_mode::optimizer || mode == offload_mode::all) && path.read_bps > 0 && ranks == 1) {
-            // The bytes the step moves through the path, each way: m and v of every parameter
-            // (the fp32 params are the model's own and stay in memory), and with `all` every
-            // layer's activations (--act-split offload).
-            const double state_bytes = 8.0 * static_cast<double>(rep.params);
-            const double act_bytes = mode == offload_mode::all ? static_cast<double>(rep.layer_act_bytes) : 0.0;
+            // The bytes the step moves through the path, each way (traffic_of).
+            const double state_bytes = traffic.state_bytes, act_bytes = traffic.act_bytes;
             const double bytes = state_bytes + act_bytes;
             const double opt_floor_ms = (state_bytes / opt_read_bps + state_bytes / opt_write_bps) * 1e3;
             const double floor_ms = opt_floor_ms + (act_bytes / path.read_bps + act_bytes / path.write_bps) * 1e3;

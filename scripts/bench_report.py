@@ -1062,6 +1062,20 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
                              "activation peak vs all kept", "update ms", "I/O wait ms",
                              "forward's wait for the update ms", "vs llm.c (wall)",
                              "vs llm.c (CPU)"], body, numeric_from=2))
+        taxed = [(cfg, mode, ranks, r) for cfg, mode, ranks, r in rows if r.get("io_tax") is not None]
+        if taxed:
+            out.append("What the machine charges for the bytes: after each offloading run, a `none` run "
+                       "(which touches no path) while fio moves that run's bytes each way at its pace "
+                       "(random 1 MiB O_DIRECT reads and writes on the same path). `none` under that load "
+                       "over `none` alone is the machine's tax on the bytes; the offloading row over `none` "
+                       "under the load is what the library adds to it (1: nothing).\n")
+            out.append(md_table(
+                ["config", "offload", "MB per step (both ways)", "fio moved MB/s (read / write)",
+                 "`none` under fio ms", "`none` under fio vs `none`", "row vs `none` under fio"],
+                [[cfg, mode, fmt(mb(r.get("io_load_bytes_per_step")), 1),
+                  f"{fmt(mb(r.get('io_load_read_bytes_per_s')), 0)} / {fmt(mb(r.get('io_load_write_bytes_per_s')), 0)}",
+                  fmt(r.get("none_under_io_ms"), 1), fmt(r.get("io_tax")), fmt(r.get("vs_none_under_io"))]
+                 for cfg, mode, ranks, r in taxed], numeric_from=2))
         for cfg in dict.fromkeys(c for c, _, _, _ in rows):
             if cfg.endswith("_sync"):
                 continue  # an ablation row (every update in its own phase), not a goal row
@@ -1084,6 +1098,9 @@ def render_mini_gpt(rep: BenchReport, ctx: Context) -> SectionOutput:
                                  f"`none`'s step {fmt(step, 0)} ms")
                 if suffices is not None and fw is not None and fn is not None:
                     parts.append(f"forward's writes {fmt(fw, 1)} ms at the path's write bandwidth, forward {fmt(fn, 1)} ms")
+                if full.get("io_tax") is not None:
+                    parts.append(f"`none` while fio moves the same bytes {fmt(full.get('io_tax'))}x, "
+                                 f"`all` against that {fmt(full.get('vs_none_under_io'))}x")
                 if parts:
                     note += " (" + "; ".join(parts) + ")"
                 heads.append(Headline(f"mini-GPT {cfg}: `all` against `none`",

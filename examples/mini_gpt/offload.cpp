@@ -438,7 +438,8 @@ public:
           << human(static_cast<double>(s.bytes_offloaded)) << ", kept " << human(static_cast<double>(s.bytes_kept))
           << ", forwarded " << human(static_cast<double>(s.bytes_forwarded)) << ", loaded "
           << human(static_cast<double>(s.bytes_loaded)) << "\n";
-        o << "                  write skips " << s.write_skips << ", load wait " << s.load_wait_seconds * 1e3 << " ms; "
+        o << "                  write skips " << s.write_skips << ", load wait " << s.load_wait_seconds * 1e3 << " ms, budget wait "
+          << s.budget_wait_seconds * 1e3 << " ms; "
           << (stash_->options().huge_page_arena ? "tensors under 2 MiB on huge-page slabs; " : "")
           << "adaptive split: ";
         if (stash_->options().split == spillway::split_mode::offload_all) o << "off (--act-split offload)\n";
