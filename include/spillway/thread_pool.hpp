@@ -15,11 +15,18 @@
 //   another task costs the call at most the chunk it holds; the caller alone can finish the
 //   call, so parallel_for from inside a task of the same pool does not deadlock.
 // - A pool of size 0 runs everything on the caller.
+// - Waiting (optional, `spin`): a worker out of tasks, and a parallel_for caller waiting for
+//   the helpers' last chunks, first poll for up to `spin` (pausing between polls), then block.
+//   Waking a blocked thread costs tens of microseconds on a virtual machine (an interrupt to a
+//   halted virtual CPU), and a compute loop that calls parallel_for hundreds of times a step
+//   pays it at every call; a short spin keeps the workers awake between calls, at the price of
+//   that much CPU time when no call follows. Default 0: block at once (for I/O pools).
 // - Workers carry the pool's name (default "spw-pool"; see thread_name.hpp).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -36,13 +43,24 @@
 #include "spillway/detail/thread_name.hpp"
 
 namespace spillway {
+namespace detail {
+/// One spin-wait hint to the CPU (x86 PAUSE; elsewhere nothing).
+inline void cpu_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+}  // namespace detail
 
 /// A fixed-size pool of named worker threads with a deterministic parallel_for (see the
 /// guarantees above). Not copyable; destroy it only after every task it ran has returned.
 class thread_pool {
 public:
-    /// Starts `threads` workers (0: none; the caller does all the work), each named `name`.
-    explicit thread_pool(std::size_t threads, std::string_view name = "spw-pool") {
+    /// Starts `threads` workers (0: none; the caller does all the work), each named `name`;
+    /// `spin`: how long a waiting thread polls before it blocks (see the guarantees above).
+    explicit thread_pool(std::size_t threads, std::string_view name = "spw-pool",
+                         std::chrono::microseconds spin = std::chrono::microseconds{0})
+        : spin_(spin) {
         workers_.reserve(threads);
         for (std::size_t i = 0; i < threads; ++i) detail::name_thread(workers_.emplace_back([this] { run(); }), name);
     }
@@ -52,6 +70,7 @@ public:
         {
             std::lock_guard lock(mutex_);
             stopping_ = true;
+            stopping_flag_.store(true, std::memory_order_release);
         }
         cv_.notify_all();
         for (auto& w : workers_) w.join();
@@ -69,6 +88,7 @@ public:
         {
             std::lock_guard lock(mutex_);
             queue_.push_back(std::move(task));
+            queued_.fetch_add(1, std::memory_order_release);
         }
         cv_.notify_one();
     }
@@ -98,6 +118,7 @@ public:
         call->run = [](void* f, std::size_t b, std::size_t e) { (*static_cast<F*>(f))(b, e); };
         for (std::size_t h = 0; h < std::min(workers_.size(), chunks - 1); ++h) submit([call] { call->drain(); });
         call->drain();
+        spin_until([&] { return call->all_done.load(std::memory_order_acquire); });
         std::unique_lock lock(call->m);
         call->cv.wait(lock, [&] { return call->finished == call->chunks; });
         // The error leaves the call state, which a helper may hold after this call returns, so
@@ -130,6 +151,7 @@ private:
         std::mutex m;
         std::condition_variable cv;
         std::size_t finished = 0;  // chunks done (guarded by m)
+        std::atomic<bool> all_done{false};  // finished == chunks (set under m; polled by a spinning caller)
         std::exception_ptr error;  // the first a chunk threw (guarded by m)
 
         /// Takes chunks until none is left; each is counted once it has run.
@@ -147,7 +169,10 @@ private:
                 // wake: the caller may be the one to free it.
                 if (err && !error) error = std::move(err);
                 err = nullptr;
-                if (++finished == chunks) cv.notify_all();
+                if (++finished == chunks) {
+                    all_done.store(true, std::memory_order_release);
+                    cv.notify_all();
+                }
             }
         }
     };
@@ -155,16 +180,35 @@ private:
     void run() {
         for (;;) {
             std::function<void()> task;
+            spin_until([&] {
+                return queued_.load(std::memory_order_acquire) > 0 || stopping_flag_.load(std::memory_order_acquire);
+            });
             {
                 std::unique_lock lock(mutex_);
                 cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
                 if (queue_.empty()) return;  // stopping and drained
                 task = std::move(queue_.front());
                 queue_.pop_front();
+                queued_.fetch_sub(1, std::memory_order_relaxed);
             }
             task();
         }
     }
+
+    /// Polls `ready` for up to spin_ (none when spin_ is 0), pausing between polls.
+    template <class Ready>
+    void spin_until(const Ready& ready) const {
+        if (spin_.count() <= 0 || ready()) return;
+        const auto until = std::chrono::steady_clock::now() + spin_;
+        for (unsigned n = 1;; ++n) {
+            for (int i = 0; i < 16; ++i) detail::cpu_pause();
+            if (ready()) return;
+            if (n % 8 == 0 && std::chrono::steady_clock::now() >= until) return;
+        }
+    }
+    const std::chrono::microseconds spin_;
+    std::atomic<std::size_t> queued_{0};    // queue_.size(), for spinning workers (changed under mutex_)
+    std::atomic<bool> stopping_flag_{false};  // stopping_, for spinning workers
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> queue_;

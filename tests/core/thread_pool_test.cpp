@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -115,4 +116,42 @@ TEST_CASE("parallel_for from a task of the same pool finishes (no deadlock with 
     });
     REQUIRE(result.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
     CHECK(result.get() == 500u * 499u / 2u);
+}
+
+TEST_CASE("a pool whose threads poll before they sleep: same chunks, and no poll outlasts its reason") {
+    // A poll long enough that any wait on it would show: 10 s against bounds of 5 s.
+    using clock = std::chrono::steady_clock;
+    const auto long_spin = std::chrono::microseconds(10'000'000);
+    const auto bound = std::chrono::seconds(5);
+    thread_pool plain(2);
+    auto pool = std::make_unique<thread_pool>(2, "spw-pool", long_spin);
+    // The chunks depend only on (count, size, grain), not on how threads wait.
+    CHECK(chunks_of(*pool, 1000, 7) == chunks_of(plain, 1000, 7));
+
+    SUBCASE("parallel_for returns once the helpers' chunks are done (the caller's poll sees them finish)") {
+        for (int round = 0; round < 20; ++round) {
+            auto t0 = clock::now();
+            std::atomic<std::size_t> sum{0};
+            pool->parallel_for(64, [&](std::size_t b, std::size_t e) {
+                std::this_thread::sleep_for(std::chrono::microseconds(200));  // helpers take chunks too
+                for (std::size_t i = b; i < e; ++i) sum += i;
+            });
+            CHECK(sum.load() == 64u * 63u / 2u);
+            CHECK(clock::now() - t0 < bound);
+        }
+    }
+    SUBCASE("a task submitted while the workers poll runs at once") {
+        pool->parallel_for(8, [](std::size_t, std::size_t) {});  // the workers are now polling
+        std::promise<void> ran;
+        auto t0 = clock::now();
+        pool->submit([&] { ran.set_value(); });
+        REQUIRE(ran.get_future().wait_for(bound) == std::future_status::ready);
+        CHECK(clock::now() - t0 < bound);
+    }
+    SUBCASE("destroying the pool stops polling workers") {
+        pool->parallel_for(8, [](std::size_t, std::size_t) {});
+        auto t0 = clock::now();
+        pool.reset();
+        CHECK(clock::now() - t0 < bound);
+    }
 }
