@@ -60,11 +60,21 @@ void simd_for(thread_pool& pool, std::size_t count, const Fn& fn, std::size_t gr
     pool.parallel_for(count, [&](std::size_t i0, std::size_t i1) { run_simd(fn, i0, i1); }, grain);
 }
 
-/// Splits [0, count) into blocks of `block` items and runs fn(begin, end) over them in parallel.
+/// Runs fn(begin, end) in parallel over pieces that tile [0, count): as many as the pool runs
+/// at once (thread_pool::chunks_per_thread per thread) where each can have at least `least`
+/// items, as even as pieces whose sizes are multiples of 16 items allow (16 floats: a cache
+/// line, and the matrix products' row unroll). Even pieces matter when they are few: 384 rows
+/// in blocks of 64 made three pieces for two threads (one thread did two of them); now four
+/// of 96.
 template <class Fn>
-void parallel_blocks(thread_pool& pool, std::size_t count, std::size_t block, const Fn& fn) {
-    std::size_t nblocks = (count + block - 1) / block;
-    simd_for(pool, nblocks, [&](std::size_t b0, std::size_t b1) { fn(b0 * block, std::min(count, b1 * block)); });
+void parallel_blocks(thread_pool& pool, std::size_t count, std::size_t least, const Fn& fn) {
+    constexpr std::size_t align = 16;
+    const std::size_t most = (pool.size() + 1) * thread_pool::chunks_per_thread;
+    const std::size_t pieces = std::clamp<std::size_t>(count / std::max<std::size_t>(least, 1), 1, most);
+    const std::size_t units = (count + align - 1) / align;
+    const std::size_t per = (units + pieces - 1) / pieces * align;  // items per piece
+    const std::size_t n = (count + per - 1) / per;
+    simd_for(pool, n, [&](std::size_t p0, std::size_t p1) { fn(p0 * per, std::min(count, p1 * per)); });
 }
 
 /// A deterministic normal generator (splitmix64 + Box-Muller), the same on every platform.
@@ -318,6 +328,27 @@ void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, 
     }, 4);
 }
 
+namespace {
+/// Columns of a sum over rows handled at once: their running sums fit in registers.
+constexpr std::size_t column_block = 64;
+
+/// out[c] = sum over rows r < rows of x[r * stride + c], for c in [c0, c1), rows in order: each
+/// column's running sum is local (a sum kept in `out` itself the compiler must store and
+/// reload at every row, since `out` may alias `x`), so the order of additions is the plain
+/// loop's.
+void column_sums(float* out, const float* x, std::size_t rows, std::size_t stride, std::size_t c0, std::size_t c1) {
+    for (std::size_t b0 = c0; b0 < c1; b0 += column_block) {
+        const std::size_t n = std::min(column_block, c1 - b0);
+        float sum[column_block] = {};
+        for (std::size_t r = 0; r < rows; ++r) {
+            const float* row = x + r * stride + b0;
+            for (std::size_t i = 0; i < n; ++i) sum[i] += row[i];
+        }
+        std::copy(sum, sum + n, out + b0);
+    }
+}
+}  // namespace
+
 void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) {
     // 1. dinp, row by row.
@@ -339,18 +370,23 @@ void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* d
             }
         }
     }, 4);
-    // 2. dweight and dbias, channel by channel (each summed over rows by one thread).
+    // 2. dweight and dbias, channel by channel (each summed over rows, in row order, by one
+    //    thread), in local sums as column_sums does.
     parallel_blocks(pool, sz(C), 16, [&](std::size_t c0, std::size_t c1) {
-        std::fill(dweight + c0, dweight + c1, 0.0f);
-        std::fill(dbias + c0, dbias + c1, 0.0f);
-        for (std::size_t r = 0; r < sz(N); ++r) {
-            const float* x = inp + r * sz(C);
-            const float* d = dout + r * sz(C);
-            float m = mean[r], s = rstd[r];
-            for (std::size_t i = c0; i < c1; ++i) {
-                dweight[i] += d[i] * ((x[i] - m) * s);
-                dbias[i] += d[i];
+        for (std::size_t b0 = c0; b0 < c1; b0 += column_block) {
+            const std::size_t n = std::min(column_block, c1 - b0);
+            float sw[column_block] = {}, sb[column_block] = {};
+            for (std::size_t r = 0; r < sz(N); ++r) {
+                const float* x = inp + r * sz(C) + b0;
+                const float* d = dout + r * sz(C) + b0;
+                const float m = mean[r], s = rstd[r];
+                for (std::size_t i = 0; i < n; ++i) {
+                    sw[i] += d[i] * ((x[i] - m) * s);
+                    sb[i] += d[i];
+                }
             }
+            std::copy(sw, sw + n, dweight + b0);
+            std::copy(sb, sb + n, dbias + b0);
         }
     });
 }
@@ -395,13 +431,7 @@ void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbia
     parallel_blocks(pool, sz(OC), 64, [&](std::size_t o0, std::size_t o1) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(o1 - o0), C, N, 1.0f, dout + o0, OC,
                     inp, C, 0.0f, dweight + o0 * sz(C), C);
-        if (dbias) {
-            std::fill(dbias + o0, dbias + o1, 0.0f);
-            for (std::size_t n = 0; n < sz(N); ++n) {
-                const float* d = dout + n * sz(OC);
-                for (std::size_t o = o0; o < o1; ++o) dbias[o] += d[o];
-            }
-        }
+        if (dbias) column_sums(dbias, dout, sz(N), sz(OC), o0, o1);
     });
 }
 

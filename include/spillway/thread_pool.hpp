@@ -137,10 +137,11 @@ public:
         return pool;
     }
 
-private:
     /// Chunks per participant (caller and workers): enough for the others to absorb one
     /// delayed thread, few enough that each chunk stays a sizeable piece of work.
     static constexpr std::size_t chunks_per_thread = 2;
+
+private:
 
     /// One parallel_for call, shared with the helpers it submitted.
     struct call_state {
