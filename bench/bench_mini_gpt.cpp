@@ -33,7 +33,7 @@
 //    from the row's first run. The `optimizer` and `all` rows (1 rank) also carry the goal's
 //    premise ("when the paths' bandwidth suffices"): path_bytes_per_step (the optimizer
 //    state on the path, m and v, and with `all` every layer's stored activations (less the
-//    LayerNorm and GELU outputs backward recomputes), each written and read once),
+//    LayerNorm, attention and GELU outputs backward recomputes), each written and read once),
 //    path_floor_ms (those
 //    bytes over the path's measured write and read bandwidth; opt_io_floor_ms: the optimizer
 //    state's part), path_needed_bytes_per_s (the bytes over the paired `none` runs' step),
@@ -138,7 +138,7 @@ double cycle_median(const std::vector<T>& v) {
 
 /// Seconds of `reps` M=N=K=n products through the trainer's matmul path (median).
 double time_sgemm(int n, int reps) {
-    openblas_set_num_threads(1);
+    mini_gpt::blas::single_threaded();
     spillway::thread_pool pool(static_cast<std::size_t>(bench_threads() - 1));
     std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
     std::vector<double> secs;

@@ -24,4 +24,6 @@ std::string describe() {
     return out.str();
 }
 
+void single_threaded() { openblas_set_num_threads(1); }
+
 }  // namespace mini_gpt::blas

@@ -17,4 +17,10 @@ namespace mini_gpt::blas {
 /// (detected; the CPU has AVX-512)".
 std::string describe();
 
+/// Makes OpenBLAS run every call on its caller's thread. The kernels (gpt2.hpp) split each
+/// product over their own thread pool, one slice per thread; OpenBLAS's threads would take
+/// the same cores, and ThreadSanitizer cannot see how they synchronise. Call it before the
+/// first kernel (the trainer does; so do the tests and benchmarks that call kernels).
+void single_threaded();
+
 }  // namespace mini_gpt::blas

@@ -8,9 +8,13 @@
 #include <random>
 #include <vector>
 
+#include "blas_kernels.hpp"
 #include "gpt2.hpp"
 
 using namespace mini_gpt;
+
+// OpenBLAS on the caller's thread, as the trainer sets it (blas::single_threaded()).
+static const bool blas_single_threaded = (blas::single_threaded(), true);
 
 namespace {
 
