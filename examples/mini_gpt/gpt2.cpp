@@ -746,6 +746,7 @@ void gpt2::backward(float loss_scale, activation_store& store, const grads_final
                            pw.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
         store.done_with(l, layer_acts::residual2_i);
         // dres is now d residual2; residual2 = residual + attproj(attention(qkv(ln1(residual)))).
+        if (a.recompute) attention_forward(pool_, a.atty, a.att, a.qkv, B, T, C, NH);
         matmul_backward(pool_, dscratch_.data(), gw.attprojw, gw.attprojb, dres, a.atty,
                         pw.attprojw, BT, C, C);
         store.done_with(l, layer_acts::atty_i);

@@ -129,15 +129,18 @@ struct layer_acts {
         return {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch,
                 &fch_gelu, &residual3};
     }
-    /// True when a store did not keep ln1, ln2 and fch_gelu (recomputable()): they then point
-    /// to scratch buffers (ln1 and ln2 to the same one), and backward first recomputes each
-    /// of them, just before its first use (fch_gelu from fch, ln2 from residual2 and ln1 from
-    /// inp with the kept LayerNorm statistics), with the same kernels on the same inputs as
-    /// forward: the same bits, for two cheap elementwise passes instead of 6 (B,T,C)
-    /// tensors' worth of storage traffic each way.
+    /// True when a store did not keep ln1, ln2, fch_gelu, att and atty (recomputable()): they
+    /// then point to scratch buffers (ln1 and ln2 to the same one), and backward first
+    /// recomputes each of them, just before its first use (fch_gelu from fch, ln2 from
+    /// residual2, att and atty from qkv, ln1 from inp with the kept LayerNorm statistics),
+    /// with the same kernels on the same inputs as forward: the same bits, for cheap passes
+    /// (two elementwise, one attention forward) instead of 7 (B,T,C) tensors and the (B,NH,T,T)
+    /// attention probabilities' worth of storage traffic each way.
     bool recompute = false;
     /// The tensors backward can recompute cheaply (see `recompute`).
-    static constexpr bool recomputable(int i) noexcept { return i == ln1_i || i == ln2_i || i == fch_gelu_i; }
+    static constexpr bool recomputable(int i) noexcept {
+        return i == ln1_i || i == ln2_i || i == fch_gelu_i || i == att_i || i == atty_i;
+    }
     /// Floats of each owned tensor for batch B and time T, in declaration order.
     static std::array<std::size_t, num_tensors> tensor_floats(const gpt2_config& c, int B, int T);
     /// Floats in one layer block (the sum of tensor_floats).

@@ -18,9 +18,10 @@
 // are saved twice (by the softmax, as its output, and by the att @ v product, as its input)
 // and the stash stores them once (dedup). Small tensors (LayerNorm statistics) are kept.
 // What is cheaper to compute again than to move is not stored at all (store_settings::recompute,
-// --act-recompute): the two LayerNorm outputs and the GELU output, 6 of a layer's 16 (B,T,C)
-// floats per position, are recomputed in backward (layer_acts::recompute) into buffers that wait
-// for the next step's forward anyway. Tensors under 2 MiB live on huge-page slabs shared by many
+// --act-recompute): the two LayerNorm outputs, the GELU output and the attention's
+// probabilities and output (7 of a layer's 16 (B,T,C) floats per position, and NH x T more)
+// are recomputed in backward (layer_acts::recompute) into buffers that wait for the next
+// step's forward anyway. Tensors under 2 MiB live on huge-page slabs shared by many
 // tensors (stash_options::huge_page_arena) when a layer is large enough for the slabs to fill.
 #include <algorithm>
 #include <functional>
@@ -399,11 +400,13 @@ public:
         }
         if (recompute_) {
             // Backward recomputes into the buffers that wait for the next step's layer 0 (the
-            // last layer's ln1 and fch_gelu buffers, kept_for_next): idle until then, so the
-            // recompute costs no memory of its own. ln1 and ln2 share one.
+            // last layer's ln1, att, atty and fch_gelu buffers, kept_for_next): idle until then,
+            // so the recompute costs no memory of its own. ln1 and ln2 share one.
             a.recompute = true;
             a.fch_gelu = idle_buffer(layer_acts::fch_gelu_i).as<float>().data();
             a.ln1 = a.ln2 = idle_buffer(layer_acts::ln1_i).as<float>().data();
+            a.att = idle_buffer(layer_acts::att_i).as<float>().data();
+            a.atty = idle_buffer(layer_acts::atty_i).as<float>().data();
         }
         a.residual3 = layer == config_.num_layers - 1 ? views[k++] : nullptr;
         st.acts = a;

@@ -120,7 +120,7 @@ struct store_settings {
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
     std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: the least it needs (about one layer)
-    bool recompute = true;  // ln1, ln2 and fch_gelu are recomputed in backward, not stored (layer_acts::recompute)
+    bool recompute = true;  // ln1, ln2, att, atty and fch_gelu are recomputed in backward, not stored (layer_acts::recompute)
     // The stash's writer and reader threads each. Each thread has one tensor in flight, and a
     // layer's tensors are small (the default config's are 0.5-2 MiB: one or two 1 MiB pieces),
     // so with one thread the disk sees a queue of one or two: on a 2 GB/s virtual disk the

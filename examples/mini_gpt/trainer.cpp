@@ -287,9 +287,10 @@ Usage: mini_gpt [flags]
   --act-budget MiB    most bytes the activation stash holds (default and least: what the
                       last layer's backward loads at once, about one layer)
   --act-recompute on|off
-                      recompute the LayerNorm and GELU outputs in backward instead of
-                      offloading them (default on: 6 of a layer's 16 (B,T,C) floats per
-                      position; the same bits either way)
+                      recompute the LayerNorm, attention and GELU outputs in backward
+                      instead of offloading them (default on: 7 of a layer's 16 (B,T,C)
+                      floats per position and the attention probabilities; the same bits
+                      either way)
   --subgroup N        parameters per optimizer subgroup (default 65536)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --update-under-forward on|off
@@ -490,7 +491,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     const int rank = dist::rank(), nranks = dist::size();
     std::ostringstream discard;
     std::ostream& out = rank == 0 ? rank0_out : discard;
-    openblas_set_num_threads(1);
+    blas::single_threaded();
     int threads = opt.threads > 0 ? opt.threads
                                   : std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) /
                                                     dist::local_size());

@@ -46,7 +46,7 @@ struct options {
     std::filesystem::path lock_dir;    // --lock-dir DIR for node_lock's files (default: /dev/shm)
     int act_split = -1;                // --act-split adaptive (-1) | offload (every layer) | K
     std::size_t act_budget_mib = 0;    // --act-budget MiB for the stash (0: the least it needs, about one layer)
-    bool act_recompute = true;         // --act-recompute on|off: ln1, ln2, fch_gelu recomputed, not offloaded
+    bool act_recompute = true;         // --act-recompute on|off: ln1, ln2, att, atty, fch_gelu recomputed, not offloaded
     std::size_t subgroup = 1 << 16;    // --subgroup N: parameters per optimizer subgroup
     int buffers = 6;                   // --buffers N: host buffers of the update pipeline
     bool update_under_forward = true;  // --update-under-forward on|off
