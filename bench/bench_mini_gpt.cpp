@@ -95,8 +95,6 @@
 #include "support/fio.hpp"
 
 #if __has_include("trainer.hpp")
-#include <cblas.h>
-
 #include "blas_kernels.hpp"
 #include "gpt2.hpp"
 #include "spillway/io/aligned_buffer.hpp"

@@ -436,8 +436,12 @@ public:
         auto s = stash_->stats();
         auto plan = stash_->plan();
         std::ostringstream o;
+        // Recomputed, the attention probabilities (which the softmax and att @ v both save: the
+        // stash's dedup stores them once) are not saved at all.
         o << "  stash           saved " << human(static_cast<double>(s.bytes_saved)) << " (dedup "
-          << human(static_cast<double>(s.bytes_deduplicated)) << "), offloaded "
+          << human(static_cast<double>(s.bytes_deduplicated))
+          << (recompute_ ? ": the attention probabilities, saved twice otherwise, are recomputed" : "")
+          << "), offloaded "
           << human(static_cast<double>(s.bytes_offloaded)) << ", kept " << human(static_cast<double>(s.bytes_kept))
           << ", forwarded " << human(static_cast<double>(s.bytes_forwarded)) << ", loaded "
           << human(static_cast<double>(s.bytes_loaded)) << "\n";

@@ -2,8 +2,6 @@
 // chosen by --offload, save/resume, and the reports.
 #include "trainer.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -265,6 +265,13 @@ TEST_CASE("recomputing the LayerNorm, attention and GELU outputs in backward giv
         CHECK(train(s, out, &rep) == ref);
         CHECK(file_bytes(s.save_model) == ref_model);
         peak[recompute] = *std::max_element(rep.act_peak_bytes.begin() + 1, rep.act_peak_bytes.end());
+        // Stored, the attention probabilities are saved twice (by the softmax and by att @ v)
+        // and deduplicated; recomputed, they are not saved, and the summary says why.
+        const std::string summary = out.str();
+        const auto dedup = summary.find("(dedup ");
+        REQUIRE(dedup != std::string::npos);
+        CHECK((summary.compare(dedup, 10, "(dedup 0 B") == 0) == recompute);
+        CHECK((summary.find("probabilities, saved twice otherwise, are recomputed") != std::string::npos) == recompute);
     }
     // Stored with recompute: 9 of 16 (B,T,C)-sized floats per position, and no attention
     // probabilities; the scratch buffers hold 6 of them and the probabilities.
