@@ -332,18 +332,17 @@ namespace {
 /// Columns of a sum over rows handled at once: their running sums fit in registers.
 constexpr std::size_t column_block = 64;
 
-/// out[c] = sum over rows r < rows of x[r * stride + c], for c in [c0, c1), rows in order: each
+/// out[c] = sum over rows r < rows of term(r, c), for c in [c0, c1), rows in order: each
 /// column's running sum is local (a sum kept in `out` itself the compiler must store and
-/// reload at every row, since `out` may alias `x`), so the order of additions is the plain
-/// loop's.
-void column_sums(float* out, const float* x, std::size_t rows, std::size_t stride, std::size_t c0, std::size_t c1) {
+/// reload at every row, since `out` may alias the inputs), so the order of additions is the
+/// plain loop's.
+template <class Term>
+void column_sums(float* out, std::size_t rows, std::size_t c0, std::size_t c1, const Term& term) {
     for (std::size_t b0 = c0; b0 < c1; b0 += column_block) {
         const std::size_t n = std::min(column_block, c1 - b0);
         float sum[column_block] = {};
-        for (std::size_t r = 0; r < rows; ++r) {
-            const float* row = x + r * stride + b0;
-            for (std::size_t i = 0; i < n; ++i) sum[i] += row[i];
-        }
+        for (std::size_t r = 0; r < rows; ++r)
+            for (std::size_t i = 0; i < n; ++i) sum[i] += term(r, b0 + i);
         std::copy(sum, sum + n, out + b0);
     }
 }
@@ -371,23 +370,12 @@ void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* d
         }
     }, 4);
     // 2. dweight and dbias, channel by channel (each summed over rows, in row order, by one
-    //    thread), in local sums as column_sums does.
+    //    thread).
     parallel_blocks(pool, sz(C), 16, [&](std::size_t c0, std::size_t c1) {
-        for (std::size_t b0 = c0; b0 < c1; b0 += column_block) {
-            const std::size_t n = std::min(column_block, c1 - b0);
-            float sw[column_block] = {}, sb[column_block] = {};
-            for (std::size_t r = 0; r < sz(N); ++r) {
-                const float* x = inp + r * sz(C) + b0;
-                const float* d = dout + r * sz(C) + b0;
-                const float m = mean[r], s = rstd[r];
-                for (std::size_t i = 0; i < n; ++i) {
-                    sw[i] += d[i] * ((x[i] - m) * s);
-                    sb[i] += d[i];
-                }
-            }
-            std::copy(sw, sw + n, dweight + b0);
-            std::copy(sb, sb + n, dbias + b0);
-        }
+        column_sums(dweight, sz(N), c0, c1, [&](std::size_t r, std::size_t i) {
+            return dout[r * sz(C) + i] * ((inp[r * sz(C) + i] - mean[r]) * rstd[r]);
+        });
+        column_sums(dbias, sz(N), c0, c1, [&](std::size_t r, std::size_t i) { return dout[r * sz(C) + i]; });
     });
 }
 
@@ -431,7 +419,7 @@ void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbia
     parallel_blocks(pool, sz(OC), 64, [&](std::size_t o0, std::size_t o1) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(o1 - o0), C, N, 1.0f, dout + o0, OC,
                     inp, C, 0.0f, dweight + o0 * sz(C), C);
-        if (dbias) column_sums(dbias, dout, sz(N), sz(OC), o0, o1);
+        if (dbias) column_sums(dbias, sz(N), o0, o1, [&](std::size_t n, std::size_t o) { return dout[n * sz(OC) + o]; });
     });
 }
 

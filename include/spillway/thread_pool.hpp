@@ -69,8 +69,7 @@ public:
     ~thread_pool() {
         {
             std::lock_guard lock(mutex_);
-            stopping_ = true;
-            stopping_flag_.store(true, std::memory_order_release);
+            stopping_.store(true, std::memory_order_release);
         }
         cv_.notify_all();
         for (auto& w : workers_) w.join();
@@ -182,7 +181,7 @@ private:
         for (;;) {
             std::function<void()> task;
             spin_until([&] {
-                return queued_.load(std::memory_order_acquire) > 0 || stopping_flag_.load(std::memory_order_acquire);
+                return queued_.load(std::memory_order_acquire) > 0 || stopping_.load(std::memory_order_acquire);
             });
             {
                 std::unique_lock lock(mutex_);
@@ -209,11 +208,10 @@ private:
     }
     const std::chrono::microseconds spin_;
     std::atomic<std::size_t> queued_{0};    // queue_.size(), for spinning workers (changed under mutex_)
-    std::atomic<bool> stopping_flag_{false};  // stopping_, for spinning workers
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> queue_;
-    bool stopping_ = false;
+    std::atomic<bool> stopping_{false};  // set under mutex_; atomic for spinning workers
     std::vector<std::thread> workers_;
 };
 
