@@ -828,6 +828,110 @@ TEST_CASE("a corrupted or truncated save is refused, naming the subgroup") {
     }
 }
 
+TEST_CASE("a refused restore over a file tier leaves nothing on it, even with writes in flight") {
+    // restore() writes each checked subgroup to the tier without waiting: when a later one is
+    // refused, the earlier writes may still be in flight, and erasing their keys before they
+    // finish would let them come back (a second restore then found "already holds key").
+    test::temp_dir root("pipe-refused-file");
+    const auto dir = root.path() / "ckpt";
+    auto init = make_params(params_total, 57);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 3, .adam = test_adam()};
+    {
+        host_tier tier;
+        update_pipeline<host_tier, float> pipe(tier, cfg, init);
+        pipe.save(dir);
+    }
+    const std::size_t last = (params_total + subgroup - 1) / subgroup - 1;
+    {
+        char name[32];
+        std::snprintf(name, sizeof name, "subgroup-%06zu.bin", last);
+        std::fstream f(dir / name, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(8);
+        f.put('\x5a');
+    }
+    std::filesystem::create_directories(root.path() / "tier");
+    file_tier<> tier(root.path() / "tier");
+    using file_pipeline = update_pipeline<file_tier<>, float>;
+    const std::string refusal = "subgroup " + std::to_string(last) + " is corrupted";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        INFO("attempt " << attempt);
+        CHECK_THROWS_WITH_AS(file_pipeline::restore(dir, tier, cfg), doctest::Contains(refusal.c_str()),
+                             std::runtime_error);
+        CHECK(tier.used() == 0);
+        for (std::size_t s = 0; s <= last; ++s) CHECK_FALSE(tier.contains("optim-" + std::to_string(s)));
+    }
+}
+
+TEST_CASE("a save's manifest is checked too: an edited step is refused, a format-1 save restores") {
+    test::temp_dir root("pipe-manifest");
+    const auto dir = root.path() / "ckpt";
+    auto init = make_params(params_total, 58);
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()};
+    const auto grads = make_grads<float>(params_total, 3, 1.0f);
+    std::vector<float> want(params_total), got(params_total);
+    {
+        host_tier tier;
+        update_pipeline<host_tier, float> pipe(tier, cfg, init);
+        pipe.update(grads, want);
+        pipe.save(dir / "");  // a trailing '/' names the same directory
+        pipe.update(grads, want);
+    }
+    REQUIRE(std::filesystem::exists(dir / "manifest.txt"));
+    std::string text;
+    {
+        std::ifstream f(dir / "manifest.txt", std::ios::binary);
+        text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    auto write_manifest = [&](const std::string& t) {
+        std::ofstream(dir / "manifest.txt", std::ios::binary | std::ios::trunc) << t;
+    };
+    // The step drives Adam's bias correction: a save whose step was changed would restore
+    // into different updates, so the manifest's own checksum refuses it.
+    const auto step_at = text.find("\nstep 1\n");
+    REQUIRE(step_at != std::string::npos);
+    std::string edited = text;
+    edited.replace(step_at, 8, "\nstep 7\n");
+    write_manifest(edited);
+    {
+        using host_pipeline = update_pipeline<host_tier, float>;
+        host_tier tier;
+        CHECK_THROWS_WITH_AS(host_pipeline::restore(dir, tier, cfg), doctest::Contains("manifest_crc"),
+                             std::runtime_error);
+        CHECK(tier.used() == 0);
+    }
+    // A format-1 manifest (before the checksum) restores and continues with the same bits.
+    std::string v1 = text;
+    v1.replace(v1.find("spillway-optimizer-state 2"), 26, "spillway-optimizer-state 1");
+    const auto crc_at = v1.find("manifest_crc ");
+    REQUIRE(crc_at != std::string::npos);
+    v1.erase(crc_at, v1.find('\n', crc_at) + 1 - crc_at);
+    write_manifest(v1);
+    {
+        host_tier tier;
+        auto pipe = update_pipeline<host_tier, float>::restore(dir, tier, cfg);
+        CHECK(pipe.steps() == 1);
+        pipe.update(grads, got);
+        CHECK(got == want);
+    }
+}
+
+TEST_CASE("a subgroup_size above param_count means one subgroup, whatever its size") {
+    // Buffer sizes come from the largest subgroup, not from subgroup_size: (2^62 + 1) * 12
+    // bytes would wrap around to 12.
+    auto init = make_params(2000, 59);
+    const auto grads = make_grads<float>(2000, 4, 1.0f);
+    std::vector<float> want(2000), got(2000);
+    for (std::size_t size : {std::size_t{2000}, (std::size_t{1} << 62) + 1, std::numeric_limits<std::size_t>::max()}) {
+        INFO("subgroup_size " << size);
+        host_tier tier;
+        pipeline_config cfg{.param_count = 2000, .subgroup_size = size, .host_buffers = 3, .adam = test_adam()};
+        update_pipeline<host_tier, float> pipe(tier, cfg, init);
+        CHECK(pipe.subgroup_count() == 1);
+        pipe.update(grads, size == 2000 ? want : got);
+        if (size != 2000) CHECK(got == want);
+    }
+}
+
 namespace {
 
 /// One pipeline with master_params over `tier` against the reference, K steps with an

@@ -3,9 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "blas_kernels.hpp"
@@ -110,7 +112,11 @@ gpt2_config tiny_config() {
 }  // namespace
 
 TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
-    spillway::thread_pool pool(1);  // two threads: the kernels' splits are exercised
+    // Two threads: the row-parallel kernels (embedding, LayerNorm, attention, softmax) are
+    // split between them. At these sizes every matrix product, elementwise kernel (GELU,
+    // residual) and sum over rows is one piece, so their splits are not exercised here:
+    // kernels_test checks them against float64 at sizes that split.
+    spillway::thread_pool pool(1);
     gpt2_config c = tiny_config();
     gpt2 model(c, pool);
     const int B = 2, T = 7;
@@ -177,7 +183,7 @@ TEST_CASE("gradients of a tiny GPT-2 match float64 finite differences") {
         REQUIRE(grads[i] == 0.0f);
 }
 
-TEST_CASE("forward and backward give the same bits run to run, and the same as one thread") {
+TEST_CASE("forward and backward give the same bits run to run, and with one thread as with two") {
     gpt2_config c = tiny_config();
     const int B = 3, T = 8;
     std::vector<int> in(B * T), tg(B * T);
@@ -197,8 +203,14 @@ TEST_CASE("forward and backward give the same bits run to run, and the same as o
     auto a = run(1), b = run(1);
     CHECK(a.first == b.first);
     CHECK(a.second == b.second);
-    auto one = run(0);  // one thread: sums in the same order per output element
-    CHECK(std::abs(one.first - a.first) <= 1e-6f * a.first);
+    // One thread: at these sizes every matrix product, elementwise kernel and sum over rows is
+    // one piece for 0 and 1 workers, and the row-parallel kernels compute each row alone in a
+    // fixed order however the rows are shared out, so the loss and every gradient keep their
+    // bits. (Where a product is split at other boundaries, OpenBLAS may round its slices
+    // differently in the last bit: kernels_test bounds that.)
+    auto one = run(0);
+    CHECK(one.first == a.first);
+    CHECK(one.second == a.second);
 }
 
 TEST_CASE("forward asks its param_gate for each layer in order, before it reads that layer") {
@@ -217,6 +229,7 @@ TEST_CASE("forward asks its param_gate for each layer in order, before it reads 
     model.init_gpt2(3);
     in_memory_store store(c, B, T);
     const float expected = model.forward(in.data(), tg.data(), B, T, store);
+    CHECK(model.times().param_wait_ms == 0.0);  // no gate, no wait
     const std::vector<float> saved(model.params().begin(), model.params().end());
     std::fill(model.params().begin(), model.params().end(), 0.0f);
     std::vector<int> asked;
@@ -229,13 +242,14 @@ TEST_CASE("forward asks its param_gate for each layer in order, before it reads 
         covered = end;
         std::copy(saved.begin() + static_cast<std::ptrdiff_t>(begin), saved.begin() + static_cast<std::ptrdiff_t>(end),
                   model.params().begin() + static_cast<std::ptrdiff_t>(begin));
+        if (layer == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // an update still running
     });
     std::vector<int> order;
     for (int l = -1; l <= c.num_layers; ++l) order.push_back(l);
     CHECK(asked == order);
     CHECK(covered == lay.total);
     CHECK(loss == expected);
-    CHECK(model.times().param_wait_ms >= 0.0);
+    CHECK(model.times().param_wait_ms >= 5.0);  // the time spent in the gate is counted as waiting
 }
 
 TEST_CASE("step-0 loss of a GPT-2-initialised model is near ln(V)") {

@@ -1,10 +1,11 @@
 // The vectorised kernels (exp_approx, GELU, the causal attention through matrix products, the
-// softmax cross-entropy over a padded vocabulary, LayerNorm) against float64 references on
-// random data, at sizes that are not multiples of the reduction lanes.
+// softmax cross-entropy over a padded vocabulary, LayerNorm), the matrix products split over
+// the thread pool and the embedding against float64 references on random data, at sizes that
+// are not multiples of the reduction lanes or of the 16-item pieces.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cfloat>
-
 #include <cmath>
 #include <limits>
 #include <random>
@@ -35,6 +36,34 @@ double worst_error(const std::vector<float>& got, const std::vector<double>& wan
     for (std::size_t i = 0; i < got.size(); ++i) {
         REQUIRE(std::isfinite(got[i]));
         worst = std::max(worst, std::abs(got[i] - want[i]) / (std::abs(want[i]) + floor));
+    }
+    return worst;
+}
+
+/// Largest |got - want| / scale over the arrays: the error measured against the sum of the
+/// absolute values of the terms that make each entry (what float rounding is proportional to
+/// when terms of both signs cancel).
+double worst_scaled_error(const std::vector<float>& got, const std::vector<double>& want,
+                          const std::vector<double>& scale) {
+    REQUIRE(got.size() == want.size());
+    REQUIRE(got.size() == scale.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        REQUIRE(std::isfinite(got[i]));
+        worst = std::max(worst, std::abs(got[i] - want[i]) / scale[i]);
+    }
+    return worst;
+}
+
+/// Largest |a - b| / scale over two float arrays (the same kernel's results for two thread counts).
+double worst_scaled_difference(const std::vector<float>& a, const std::vector<float>& b,
+                               const std::vector<double>& scale) {
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        REQUIRE(std::isfinite(a[i]));
+        REQUIRE(std::isfinite(b[i]));
+        worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / scale[i]);
     }
     return worst;
 }
@@ -83,6 +112,10 @@ TEST_CASE("GELU forward and backward match float64") {
     // Relative down to 1e-6 (far out on the negative side, where 1 + tanh(u) cancels).
     CHECK(worst_error(out, want, 1e-6) < 2e-6);
     CHECK(worst_error(dinp, dwant, 1e-2) < 1e-5);  // gelu' crosses 0 near x = -0.75
+    // dinp may alias dout (backward runs it in place on dfch): the same bits as into its own array.
+    std::vector<float> in_place = dout;
+    gelu_backward(pool, in_place.data(), x.data(), in_place.data(), n);
+    CHECK(in_place == dinp);
 }
 
 TEST_CASE("causal attention forward and backward match float64") {
@@ -164,13 +197,22 @@ TEST_CASE("softmax cross-entropy over a padded vocabulary matches float64") {
     CHECK(worst_error(logits, want_probs, 1e-12) < 2e-6);
 }
 
-TEST_CASE("LayerNorm forward and backward match float64") {
+TEST_CASE("LayerNorm forward and backward match float64; backward adds to dinp; apply repeats forward's bits") {
     spillway::thread_pool pool(1);
     const int N = 9, C = 77;
     auto x = random_floats(static_cast<std::size_t>(N) * C, 2.0f, 7), w = random_floats(C, 1.0f, 8),
          bias = random_floats(C, 1.0f, 9), dout = random_floats(x.size(), 1.0f, 10);
-    std::vector<float> out(x.size()), mean(N), rstd(N), dinp(x.size(), 0.0f), dw(C), db(C);
+    // dinp is documented `+=` (the residual stream's gradient collects it): start it from
+    // random values, not zeros, so that a kernel that overwrote it would show.
+    const std::vector<float> seed = random_floats(x.size(), 1.0f, 11);
+    std::vector<float> out(x.size()), mean(N), rstd(N), dinp = seed, dw(C), db(C);
     layernorm_forward(pool, out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C);
+    // The recompute in backward (layernorm_apply from the saved mean and rstd) must give
+    // forward's bits, not just close values: backward's results may not depend on whether a
+    // store kept ln1/ln2 or recomputed them.
+    std::vector<float> applied(x.size(), std::numeric_limits<float>::quiet_NaN());
+    layernorm_apply(pool, applied.data(), x.data(), w.data(), bias.data(), mean.data(), rstd.data(), N, C);
+    CHECK(applied == out);
     layernorm_backward(pool, dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
                        rstd.data(), N, C);
     std::vector<double> want(x.size()), want_dinp(x.size()), want_dw(C, 0.0), want_db(C, 0.0);
@@ -200,11 +242,158 @@ TEST_CASE("LayerNorm forward and backward match float64") {
         }
     }
     CHECK(worst_error(out, want, 1e-3) < 1e-5);
+    // The increment dinp - seed, whose float sum with the seed rounds once more: its error is
+    // measured against the terms' magnitude plus the seed's.
     double worst_ulps = 0;  // the error in float epsilons of the terms' magnitude
     for (std::size_t i = 0; i < dinp.size(); ++i)
-        worst_ulps = std::max(worst_ulps, std::abs(dinp[i] - want_dinp[i]) / (dinp_scale[i] * FLT_EPSILON));
+        worst_ulps = std::max(worst_ulps, std::abs((static_cast<double>(dinp[i]) - seed[i]) - want_dinp[i]) /
+                                              ((dinp_scale[i] + std::abs(seed[i])) * FLT_EPSILON));
     MESSAGE("LayerNorm backward: worst dinp error " << worst_ulps << " epsilons of its terms");
     CHECK(worst_ulps < 8);
     CHECK(worst_error(dw, want_dw, 1e-3) < 1e-5);
     CHECK(worst_error(db, want_db, 1e-3) < 1e-5);
+}
+
+TEST_CASE("matrix products forward and backward match float64, split into pieces by each branch") {
+    // parallel_blocks cuts each product into pieces of multiples of 16 (at most 8 with 3
+    // workers, 2 with none), and the kernels pick what to split by the shape:
+    //  (300,40,130): forward by rows (OC < N: 7 pieces of 48, the last 12), dinp by rows
+    //                (N >= C: the same), dweight by OC in pieces of at least 64 (80 + 50);
+    //  (37,260,520): forward by columns (OC >= N: 7 of 80, the last 40), dinp by columns
+    //                (N < C: 4 of 80, the last 20), dweight 7 of 80.
+    // Every piece but the first starts inside the matrices and the last ones are short, so a
+    // wrong offset, leading dimension or length in any branch changes some entries. Outputs
+    // start as NaN: an entry no piece wrote fails the finiteness check.
+    spillway::thread_pool pool(3), one_thread(0);
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+    struct shape {
+        int N, C, OC;
+    };
+    double worst = 0, worst_one_thread = 0;
+    for (const shape sh : {shape{300, 40, 130}, shape{37, 260, 520}}) {
+        const std::size_t N = static_cast<std::size_t>(sh.N), C = static_cast<std::size_t>(sh.C),
+                          OC = static_cast<std::size_t>(sh.OC);
+        const auto inp = random_floats(N * C, 1.0f, 20), weight = random_floats(OC * C, 1.0f, 21),
+                   bias = random_floats(OC, 1.0f, 22), dout = random_floats(N * OC, 1.0f, 23);
+        for (const bool with_bias : {true, false}) {
+            INFO("N " << N << " C " << C << " OC " << OC << " bias " << with_bias);
+            const float* b = with_bias ? bias.data() : nullptr;
+            struct results {
+                std::vector<float> out, dinp, dweight, dbias;
+            };
+            auto run = [&](spillway::thread_pool& p) {
+                results r{std::vector<float>(N * OC, nan), std::vector<float>(N * C, nan),
+                          std::vector<float>(OC * C, nan), std::vector<float>(with_bias ? OC : 0, nan)};
+                matmul_forward(p, r.out.data(), inp.data(), weight.data(), b, sh.N, sh.C, sh.OC);
+                matmul_backward(p, r.dinp.data(), r.dweight.data(), with_bias ? r.dbias.data() : nullptr,
+                                dout.data(), inp.data(), weight.data(), sh.N, sh.C, sh.OC);
+                return r;
+            };
+            // float64 sums, and the sums of the products' absolute values: sums of terms of both
+            // signs, whose float error is relative to the latter, not to the result.
+            std::vector<double> out(N * OC), out_scale(N * OC), dinp(N * C, 0.0), dinp_scale(N * C, 0.0),
+                dweight(OC * C, 0.0), dweight_scale(OC * C, 0.0), dbias(with_bias ? OC : 0, 0.0),
+                dbias_scale(with_bias ? OC : 0, 0.0);
+            for (std::size_t n = 0; n < N; ++n)
+                for (std::size_t o = 0; o < OC; ++o) {
+                    double sum = b ? b[o] : 0.0, mag = std::abs(sum);
+                    for (std::size_t c = 0; c < C; ++c) {
+                        const double prod = static_cast<double>(inp[n * C + c]) * weight[o * C + c];
+                        sum += prod;
+                        mag += std::abs(prod);
+                    }
+                    out[n * OC + o] = sum;
+                    out_scale[n * OC + o] = mag;
+                    const double d = dout[n * OC + o];
+                    for (std::size_t c = 0; c < C; ++c) {
+                        dinp[n * C + c] += d * weight[o * C + c];
+                        dinp_scale[n * C + c] += std::abs(d * weight[o * C + c]);
+                        dweight[o * C + c] += d * inp[n * C + c];
+                        dweight_scale[o * C + c] += std::abs(d * inp[n * C + c]);
+                    }
+                    if (with_bias) {
+                        dbias[o] += d;
+                        dbias_scale[o] += std::abs(d);
+                    }
+                }
+            const results got = run(pool), single = run(one_thread);
+            // Each entry: a float sum of up to 520 products; blocked and fused as OpenBLAS does
+            // it, its error stays far below C * epsilon of the magnitudes.
+            const double out_error = worst_scaled_error(got.out, out, out_scale),
+                         dinp_error = worst_scaled_error(got.dinp, dinp, dinp_scale),
+                         dweight_error = worst_scaled_error(got.dweight, dweight, dweight_scale),
+                         dbias_error = worst_scaled_error(got.dbias, dbias, dbias_scale);
+            CHECK(out_error < 1e-5);
+            CHECK(dinp_error < 1e-5);
+            CHECK(dweight_error < 1e-5);
+            CHECK(dbias_error < 1e-5);
+            worst = std::max({worst, out_error, dinp_error, dweight_error, dbias_error});
+            // One thread splits at other boundaries (at most 2 pieces): the same results within
+            // the same bound (each entry is still one sum over the reduced dimension).
+            const double out_difference = worst_scaled_difference(single.out, got.out, out_scale),
+                         dinp_difference = worst_scaled_difference(single.dinp, got.dinp, dinp_scale),
+                         dweight_difference = worst_scaled_difference(single.dweight, got.dweight, dweight_scale),
+                         dbias_difference = worst_scaled_difference(single.dbias, got.dbias, dbias_scale);
+            CHECK(out_difference < 1e-5);
+            CHECK(dinp_difference < 1e-5);
+            CHECK(dweight_difference < 1e-5);
+            CHECK(dbias_difference < 1e-5);
+            worst_one_thread =
+                std::max({worst_one_thread, out_difference, dinp_difference, dweight_difference, dbias_difference});
+        }
+    }
+    MESSAGE("matmul: worst error " << worst << " of the products' magnitude; one thread against four: "
+                                   << worst_one_thread);
+}
+
+TEST_CASE("encoder forward is exact and backward adds each position to its token's and position's rows") {
+    // Token ids repeat (3 at seven positions over the batch, 1 and 0 in several): wte's rows
+    // collect several positions each, in token order, from several rows of the batch. Rows 2
+    // and 4 of wte and row 5 of wpe get nothing and must keep their values. C = 37 is not a
+    // multiple of 16: backward's channel pieces are 32 and 5 with 3 workers.
+    spillway::thread_pool pool(3);
+    const int B = 3, T = 5, C = 37, Vp = 7, maxT = 6;
+    const std::size_t Cs = C;
+    const std::vector<int> tokens = {3, 1, 3, 3, 0, 5, 3, 1, 1, 6, 3, 0, 5, 3, 3};
+    const auto wte = random_floats(Vp * Cs, 1.0f, 30), wpe = random_floats(maxT * Cs, 1.0f, 31),
+               dout = random_floats(B * T * Cs, 1.0f, 32);
+    std::vector<float> out(B * T * Cs, std::numeric_limits<float>::quiet_NaN());
+    encoder_forward(pool, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    // One float addition per entry: float64's sum of two floats, rounded to float, is exactly
+    // the float sum.
+    int wrong = 0;
+    for (std::size_t r = 0; r < B * T; ++r)
+        for (std::size_t i = 0; i < Cs; ++i) {
+            const double want = static_cast<double>(wte[static_cast<std::size_t>(tokens[r]) * Cs + i]) +
+                                wpe[(r % T) * Cs + i];
+            wrong += out[r * Cs + i] != static_cast<float>(want);
+        }
+    CHECK(wrong == 0);
+
+    // Backward accumulates (`+=`): start from random values.
+    const auto dwte_seed = random_floats(Vp * Cs, 1.0f, 33), dwpe_seed = random_floats(maxT * Cs, 1.0f, 34);
+    std::vector<float> dwte = dwte_seed, dwpe = dwpe_seed;
+    encoder_backward(pool, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    std::vector<double> want_wte(dwte_seed.begin(), dwte_seed.end()), want_wpe(dwpe_seed.begin(), dwpe_seed.end()),
+        wte_scale(Vp * Cs), wpe_scale(maxT * Cs);
+    for (std::size_t i = 0; i < wte_scale.size(); ++i) wte_scale[i] = std::abs(want_wte[i]);
+    for (std::size_t i = 0; i < wpe_scale.size(); ++i) wpe_scale[i] = std::abs(want_wpe[i]);
+    for (std::size_t r = 0; r < B * T; ++r)
+        for (std::size_t i = 0; i < Cs; ++i) {
+            const double d = dout[r * Cs + i];
+            const std::size_t we = static_cast<std::size_t>(tokens[r]) * Cs + i, pe = (r % T) * Cs + i;
+            want_wte[we] += d;
+            wte_scale[we] += std::abs(d);
+            want_wpe[pe] += d;
+            wpe_scale[pe] += std::abs(d);
+        }
+    // At most 8 float additions per entry (seven positions and the seed): each rounds by half
+    // an epsilon of at most the magnitudes' sum. A lost or doubled term is off by about its
+    // own size; an untouched row is exact.
+    const double wte_error = worst_scaled_error(dwte, want_wte, wte_scale),
+                 wpe_error = worst_scaled_error(dwpe, want_wpe, wpe_scale);
+    MESSAGE("encoder backward: worst error " << wte_error << " (dwte), " << wpe_error
+                                             << " (dwpe) of the terms' magnitude");
+    CHECK(wte_error < 5e-7);
+    CHECK(wpe_error < 5e-7);
 }

@@ -44,7 +44,10 @@ std::vector<float> run(const options& o) {
     return train(o, out);
 }
 
+/// The bytes of `p`, which must exist (each run below writes its model to a path of its
+/// own, so a run that failed to write cannot pass by an older run's file).
 std::vector<char> file_bytes(const std::filesystem::path& p) {
+    REQUIRE_MESSAGE(std::filesystem::exists(p), p.string() << " was not written");
     std::ifstream f(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
@@ -74,7 +77,7 @@ TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
             options o = tiny(dir.path());
             o.grads = g;
             o.offload = m;
-            o.save_model = dir.path() / "model.bin";
+            o.save_model = dir.path() / ("model-" + std::to_string(static_cast<int>(g)) + "-" + offload_name(m) + ".bin");
             auto losses = run(o);
             auto model = file_bytes(o.save_model);
             INFO("grad dtype " << static_cast<int>(g) << ", offload " << offload_name(m));
@@ -259,6 +262,7 @@ TEST_CASE("recomputing the LayerNorm, attention and GELU outputs in backward giv
         s.offload = offload_mode::activations;
         s.act_split = 1 << 30;  // every layer offloaded: the peak is the stash's budget and forward's buffers
         s.act_recompute = recompute;
+        s.save_model = dir.path() / (recompute ? "recompute-on.bin" : "recompute-off.bin");
         INFO("--act-recompute " << (recompute ? "on" : "off"));
         std::ostringstream out;
         run_report rep;

@@ -101,24 +101,29 @@
 // to the tier, and the update reads them back), and a tier with one path.
 //
 // Save and restore: save(dir) writes every subgroup's state as "subgroup-<i>.bin" plus a
-// "manifest.txt" with the shape, the step and a CRC-32C per subgroup, all mode 0600, into a
-// temporary directory that then replaces `dir` atomically (a crash never destroys the
-// previous good save). restore() builds a new pipeline over any tier from such a directory
-// and refuses a truncated or corrupted subgroup file with an error naming the subgroup.
+// "manifest.txt" with the shape, the step, a CRC-32C per subgroup and one of the manifest's
+// own text, all mode 0600, into a temporary directory that then replaces `dir` atomically (a
+// crash never destroys the previous good save). restore() builds a new pipeline over any tier
+// from such a directory and refuses a truncated or corrupted subgroup file with an error
+// naming the subgroup, and a manifest whose text does not match its checksum (a changed step
+// would change every later update). Saves of format 1 (no manifest checksum) still restore.
 #pragma once
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -368,6 +373,7 @@ public:
         try {
             initialise(initial_params);
         } catch (...) {
+            quiesce_io();
             erase_all();
             throw;
         }
@@ -386,8 +392,7 @@ public:
     update_pipeline(const update_pipeline&) = delete;
     update_pipeline& operator=(const update_pipeline&) = delete;
     ~update_pipeline() {
-        if (io_) io_->drain();
-        for (auto& b : bufs_) drain_op(b.gop);
+        quiesce_io();
         erase_all();
     }
 
@@ -519,8 +524,11 @@ public:
     /// the last update() failed part-way (subgroups at different steps: run update() again
     /// first), std::system_error naming the path for file errors, std::invalid_argument if
     /// `dir` exists and is not a save (no manifest.txt) and not empty.
-    void save(const std::filesystem::path& dir) {
+    void save(const std::filesystem::path& dir_given) {
         namespace fs = std::filesystem;
+        // "ckpt/" names the directory ckpt: the temporary one goes beside it, not inside.
+        fs::path dir = dir_given.lexically_normal();
+        if (!dir.has_filename() && dir.has_parent_path() && dir != dir.root_path()) dir = dir.parent_path();
         for (std::size_t s = 0; s < n_; ++s)
             if (version_of(s) != steps_)
                 throw std::logic_error("update_pipeline::save: subgroup " + std::to_string(s) + " holds step " +
@@ -541,7 +549,7 @@ public:
         fs::path tmp(name.data());
         try {
             std::ostringstream manifest;
-            manifest << "spillway-optimizer-state 1\n"
+            manifest << "spillway-optimizer-state 2\n"
                      << "param_count " << cfg_.param_count << "\n"
                      << "subgroup_size " << cfg_.subgroup_size << "\n"
                      << "subgroups " << n_ << "\n"
@@ -550,7 +558,7 @@ public:
             std::size_t scratch = scratch_buffer();
             // With master_params a save still holds params, m and v: assembled here.
             aligned_buffer whole;
-            if (master_in_caller()) whole = aligned_buffer(3 * sizeof(float) * cfg_.subgroup_size);
+            if (master_in_caller()) whole = aligned_buffer(3 * sizeof(float) * subgroup_elements(0));
             for (std::size_t s = 0; s < n_; ++s) {
                 std::span<const std::byte> bytes;
                 if (resident_of_[s] >= 0) {
@@ -571,7 +579,8 @@ public:
                 detail::write_file(tmp / file_name(s), bytes, "update_pipeline::save of subgroup " + std::to_string(s));
                 manifest << "subgroup " << s << " " << bytes.size() << " " << crc << "\n";
             }
-            manifest << "end\n";
+            const std::uint32_t manifest_crc = detail::crc32c(std::as_bytes(std::span(manifest.view())));
+            manifest << "manifest_crc " << manifest_crc << "\nend\n";
             std::string text = manifest.str();
             detail::write_file(tmp / "manifest.txt", std::as_bytes(std::span(text.data(), text.size())),
                                "update_pipeline::save manifest");
@@ -711,6 +720,7 @@ private:
         try {
             load(dir);
         } catch (...) {
+            quiesce_io();
             erase_all();
             throw;
         }
@@ -745,7 +755,12 @@ private:
                             "update_pipeline: master_params has " + std::to_string(opts_.master_params.size()) +
                                 " elements but param_count is " + std::to_string(cfg_.param_count));
         }
-        n_ = (cfg_.param_count + cfg_.subgroup_size - 1) / cfg_.subgroup_size;
+        // (Sizes below are in bytes of the largest subgroup, at most param_count elements: a
+        // subgroup_size above param_count means one subgroup, and cannot overflow them.)
+        expect_argument(cfg_.param_count <= std::numeric_limits<std::size_t>::max() / 64,
+                        "update_pipeline: param_count " + std::to_string(cfg_.param_count) +
+                            " is too large (its byte sizes would overflow)");
+        n_ = cfg_.param_count / cfg_.subgroup_size + (cfg_.param_count % cfg_.subgroup_size != 0 ? 1 : 0);
         keys_.reserve(n_);
         piece_keys_.resize(n_);
         for (std::size_t s = 0; s < n_; ++s) {
@@ -760,8 +775,8 @@ private:
                 expect_argument(!tier_.contains(k), "update_pipeline: the tier '" + std::string(tier_.name()) +
                                                         "' already holds key " + spillway::quoted(k) +
                                                         " (another pipeline with the same key_prefix?)");
-        std::size_t nbytes = state_floats() * sizeof(float) * cfg_.subgroup_size;
-        if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * cfg_.subgroup_size;
+        std::size_t nbytes = state_floats() * sizeof(float) * subgroup_elements(0);
+        if (opts_.gradients == gradient_path::fp32_on_tier) nbytes += sizeof(float) * subgroup_elements(0);
         bufs_.resize(cfg_.host_buffers);
         if (cfg_.pages == page_size::automatic && cfg_.lock == memory_lock::unlocked && align_up(nbytes) < huge_page_bytes) {
             // Buffers under 2 MiB would come from malloc's scattered pages: carve them all out of
@@ -809,15 +824,31 @@ private:
     }
 
     void load(const std::filesystem::path& dir) {
-        // Manifest first: shape and checksums.
-        std::ifstream in(dir / "manifest.txt");
-        if (!in) throw_system_error(errno ? errno : ENOENT, "open", "update_pipeline::restore: " + (dir / "manifest.txt").string());
+        // Manifest first: its own checksum (format 2), the shape and the subgroups' checksums.
+        std::string text;
+        {
+            std::ifstream file(dir / "manifest.txt", std::ios::binary);
+            if (!file)
+                throw_system_error(errno ? errno : ENOENT, "open", "update_pipeline::restore: " + (dir / "manifest.txt").string());
+            text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+        }
+        std::istringstream in(text);
         std::string magic;
         int format = 0;
         in >> magic >> format;
-        if (magic != "spillway-optimizer-state" || format != 1)
+        if (magic != "spillway-optimizer-state" || (format != 1 && format != 2))
             throw std::runtime_error("update_pipeline::restore: " + (dir / "manifest.txt").string() +
-                                     " is not a spillway optimizer save (format 1)");
+                                     " is not a spillway optimizer save (format 1 or 2)");
+        if (format == 2) {
+            // "manifest_crc <CRC-32C of every byte before that line>" then "end".
+            const auto at = text.rfind("\nmanifest_crc ");
+            std::uint64_t want = 0;
+            const bool found = at != std::string::npos &&
+                               std::sscanf(text.c_str() + at + 1, "manifest_crc %" SCNu64, &want) == 1;
+            if (!found || want != detail::crc32c(std::as_bytes(std::span(text.data(), at + 1))))
+                throw std::runtime_error("update_pipeline::restore: " + (dir / "manifest.txt").string() +
+                                         " is corrupted: its text does not match its checksum (manifest_crc)");
+        }
         auto field = [&](const char* name) {
             std::string k;
             std::int64_t v = -1;
@@ -831,6 +862,8 @@ private:
         auto subgroup_size = static_cast<std::size_t>(field("subgroup_size"));
         auto subgroups = static_cast<std::size_t>(field("subgroups"));
         auto step = field("step");
+        if (step == std::numeric_limits<std::int64_t>::max())
+            throw std::runtime_error("update_pipeline::restore: manifest field 'step' is out of range in " + dir.string());
         auto iteration = static_cast<std::uint64_t>(field("iteration"));
         expect_argument(param_count == cfg_.param_count, "update_pipeline::restore: the save has param_count " +
                                                              std::to_string(param_count) + ", the config " +
@@ -854,6 +887,10 @@ private:
         }
         std::string end;
         in >> end;
+        if (format == 2 && end == "manifest_crc") {  // (checked above)
+            std::uint64_t crc = 0;
+            in >> crc >> end;
+        }
         if (end != "end") throw std::runtime_error("update_pipeline::restore: manifest in " + dir.string() + " is truncated");
         // Then each subgroup: size, checksum, write to the tier. With master_params a first
         // pass checks every file before the caller's params change (a refused save leaves
@@ -872,7 +909,7 @@ private:
                                          " does not match the manifest");
         };
         if (master_in_caller()) {
-            whole = aligned_buffer(3 * sizeof(float) * cfg_.subgroup_size);
+            whole = aligned_buffer(3 * sizeof(float) * subgroup_elements(0));
             for (std::size_t s = 0; s < n_; ++s) read_checked(s, whole.bytes().first(saved_blob_bytes(s)));
         }
         for (std::size_t s = 0; s < n_; ++s) {
@@ -1509,6 +1546,13 @@ private:
 
     std::int64_t version_of(std::size_t s) const {
         return resident_of_[s] >= 0 ? bufs_[static_cast<std::size_t>(resident_of_[s])].version : tier_version_[s];
+    }
+
+    // Waits for every transfer in flight: the tier's contract forbids erasing a key with an
+    // operation in flight (a write finishing later would bring the key back).
+    void quiesce_io() noexcept {
+        if (io_) io_->drain();
+        for (auto& b : bufs_) drain_op(b.gop);
     }
 
     void erase_all() noexcept {

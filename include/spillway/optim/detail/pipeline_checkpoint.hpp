@@ -163,32 +163,37 @@ inline void sync_directory(const std::filesystem::path& dir) {
     ::close(fd);
 }
 
-/// Puts `tmp` at `dir` atomically (see the file comment); the old contents are removed.
+/// Puts `tmp` at `dir` atomically (see the file comment); the old contents are removed, but
+/// only once the swap is durable: the parent directory is fsynced between the two, so a crash
+/// never leaves `dir` naming a half-removed previous save.
 inline void replace_directory(const std::filesystem::path& tmp, const std::filesystem::path& dir) {
     namespace fs = std::filesystem;
     std::error_code ec;
+    const auto parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
     bool exists = fs::exists(fs::symlink_status(dir, ec));
     if (!exists) {
         if (::rename(tmp.c_str(), dir.c_str()) != 0) throw_system_error(errno, "rename", tmp.string() + " -> " + dir.string());
+        sync_directory(parent);
+        return;
+    }
+    fs::path previous;  // where the previous save is once the new one is in place
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+        previous = tmp;
     } else {
-        if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-            fs::remove_all(tmp, ec);  // tmp now holds the previous save
-        } else {
-            int err = errno;
-            if (err != EINVAL && err != ENOSYS && err != ENOTSUP)
-                throw_system_error(err, "renameat2(RENAME_EXCHANGE)", tmp.string() + " <-> " + dir.string());
-            fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
-            if (::rename(dir.c_str(), old.c_str()) != 0) throw_system_error(errno, "rename", dir.string() + " -> " + old.string());
-            if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-                int e2 = errno;
-                ::rename(old.c_str(), dir.c_str());  // put the previous save back
-                throw_system_error(e2, "rename", tmp.string() + " -> " + dir.string());
-            }
-            fs::remove_all(old, ec);
+        int err = errno;
+        if (err != EINVAL && err != ENOSYS && err != ENOTSUP)
+            throw_system_error(err, "renameat2(RENAME_EXCHANGE)", tmp.string() + " <-> " + dir.string());
+        previous = dir.string() + ".old-" + std::to_string(::getpid());
+        if (::rename(dir.c_str(), previous.c_str()) != 0)
+            throw_system_error(errno, "rename", dir.string() + " -> " + previous.string());
+        if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+            int e2 = errno;
+            ::rename(previous.c_str(), dir.c_str());  // put the previous save back
+            throw_system_error(e2, "rename", tmp.string() + " -> " + dir.string());
         }
     }
-    auto parent = dir.parent_path();
-    sync_directory(parent.empty() ? fs::path(".") : parent);
+    sync_directory(parent);  // the swap is durable before the previous save goes
+    fs::remove_all(previous, ec);
 }
 
 }  // namespace spillway::detail
