@@ -343,12 +343,25 @@ TEST_CASE("node_lock: lock files are 0600 regular files, never followed through 
     CHECK(fs::file_size(target) == 4);
     // A FIFO (or anything not a regular file) is refused without hanging.
     REQUIRE(::mkfifo((dir.path() / "spillway-fifo.lock").c_str(), 0600) == 0);
-    CHECK_THROWS_AS(node_lock("fifo", opts), std::system_error);
-    // Names never leave the directory.
-    CHECK_THROWS_AS(node_lock("../escape", opts), std::invalid_argument);
-    CHECK_THROWS_AS(node_lock("..", opts), std::invalid_argument);
-    CHECK_THROWS_AS(node_lock("", opts), std::invalid_argument);
-    CHECK_THROWS_AS(node_lock(std::string(250, 'x'), opts), std::invalid_argument);
+    try {
+        node_lock l("fifo", opts);
+        FAIL("a FIFO was taken for a lock file");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == EINVAL);
+        const std::string fifo = (dir.path() / "spillway-fifo.lock").string() + " is not a regular file";
+        CHECK(std::string(e.what()).find(fifo) != std::string::npos);
+    }
+    // Names never leave the directory; the message quotes the name and says why.
+    CHECK_THROWS_WITH_AS(node_lock("../escape", opts), doctest::Contains("lock name '../escape' contains '/'"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(node_lock("..", opts), doctest::Contains("lock name '..' is a relative directory name"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(node_lock("", opts), doctest::Contains("lock name '' is empty"), std::invalid_argument);
+    // A name that is a valid key but makes "spillway-<name>.lock" too long: the limit is named.
+    const std::string long_name(250, 'x');
+    const std::string too_long = "lock name '" + long_name + "' is too long";
+    CHECK_THROWS_WITH_AS(node_lock(long_name, opts), doctest::Contains(too_long.c_str()), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(node_lock(long_name, opts), doctest::Contains("would exceed 255 bytes"), std::invalid_argument);
     // A missing directory is named in the error.
     try {
         node_lock l("x", lock_options{dir.path() / "missing"});
@@ -380,4 +393,43 @@ TEST_CASE("node_lock: the default directory is node-local and path_locks names t
     CHECK_FALSE(b.read_lock.try_lock());  // one reader per path
     CHECK(b.write_lock.try_lock());       // while one writer goes ahead
     b.write_lock.unlock();
+}
+
+TEST_CASE("node_lock: a lock file deleted or replaced behind its back is opened again, so holders converge") {
+    // A holder of the old file and one of a new file under the name would not exclude each
+    // other. Each acquisition checks the name still names the file it locked: after the
+    // file went, the next acquisition by the old object moves to the new file.
+    auto dir = lock_dir();
+    lock_options opts{dir.path()};
+    node_lock a("replaced", opts);
+    REQUIRE(a.try_lock());
+    a.unlock();
+    SUBCASE("deleted") { std::filesystem::remove(a.path()); }
+    SUBCASE("replaced by another file") {
+        std::filesystem::remove(a.path());
+        std::ofstream(a.path()) << "";
+        std::filesystem::permissions(a.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    }
+    node_lock b("replaced", opts);  // opens (or creates) the file now under the name
+    REQUIRE(b.try_lock());
+    CHECK_FALSE(a.try_lock());  // a moves to b's file, which b holds
+    b.unlock();
+    CHECK(a.try_lock());
+    CHECK_FALSE(b.try_lock());
+    a.unlock();
+    // lock() converges the same way (it would block on the old file otherwise: never).
+    std::filesystem::remove(a.path());
+    node_lock c("replaced", opts);
+    c.lock();
+    std::atomic<bool> got{false};
+    std::thread t([&] {
+        a.lock();
+        got = true;
+        a.unlock();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(got.load());  // a waits for c on the new file
+    c.unlock();
+    t.join();
+    CHECK(got.load());
 }

@@ -12,6 +12,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -257,9 +258,11 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
                 CHECK(st.children[0].bytes_read == reads * blob);
                 CHECK(st.children[0].bytes_written == (n - r) * blob);
                 CHECK(pipe.resident_subgroups().size() == r);
-                CHECK(st.read_wait_seconds >= 0);
+                // No read issued, no read waited for; and the waits and the compute are
+                // disjoint stretches of the call, so together they fit in it.
+                if (reads == 0) CHECK(st.read_wait_seconds == 0);
                 CHECK(st.compute_seconds > 0);
-                CHECK(st.seconds >= st.compute_seconds);
+                CHECK(st.read_wait_seconds + st.compute_seconds + st.write_wait_seconds <= st.seconds + 1e-9);
             }
             if (order == subgroup_order::alternating && r > 0 && r < n) {
                 // The resident ones are exactly the first ones of the next order.
@@ -479,8 +482,11 @@ TEST_CASE("lazy hand-over: backward checks the gradients, update() skips the che
         check_state(pipe, ref);
     }
     SUBCASE("bad arguments are refused") {
-        CHECK_THROWS_AS(pipe.hand_over_gradients(std::span<const float16>(g).first(10)), std::invalid_argument);
-        CHECK_THROWS_AS(pipe.hand_over_gradients(g, update_args{.grad_scale = 0.0f}), std::invalid_argument);
+        const std::string grads_size = "grads has 10 elements, expected param_count " + std::to_string(count);
+        CHECK_THROWS_WITH_AS(pipe.hand_over_gradients(std::span<const float16>(g).first(10)),
+                             doctest::Contains(grads_size.c_str()), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(pipe.hand_over_gradients(g, update_args{.grad_scale = 0.0f}),
+                             doctest::Contains("grad_scale must be finite and > 0, got 0"), std::invalid_argument);
     }
 }
 
@@ -538,7 +544,9 @@ TEST_CASE("a path's busy time covers its throttled transfers and stays within th
         // neither direction can have been busy longer than the call (plus the clock's grain).
         CHECK(c.read_busy_seconds <= st.seconds + 1e-3);
         CHECK(c.write_busy_seconds <= st.seconds + 1e-3);
-        CHECK(c.busy_fraction(st.seconds) == doctest::Approx((c.read_busy_seconds + c.write_busy_seconds) / (2 * st.seconds)));
+        // The throttle alone keeps each direction busy for its minimum: the fraction is at
+        // least their mean share of the call, and at most the whole call.
+        CHECK(c.busy_fraction(st.seconds) >= 0.95 * (min_read + min_write) / (2 * st.seconds));
         CHECK(c.busy_fraction(st.seconds) <= 1.0 + 1e-3 / st.seconds);
         CHECK(c.busy_fraction(0) == 0);
     }
@@ -629,9 +637,13 @@ TEST_CASE("a failing tier names the subgroup, loses nothing, and a retry equals 
         std::vector<float16> copy(count);
         auto g0 = grads_of(0);
         tier.fail_always(fault_op::write, EIO);
-        CHECK_THROWS_AS(pipe.update(g0, copy), std::system_error);
-        CHECK_FALSE(pipe.resident_subgroups().empty());  // updated but unwritten: kept
-        CHECK_THROWS_AS(pipe.save("unused"), std::logic_error);  // mixed steps refuse to save
+        CHECK_THROWS_WITH_AS(pipe.update(g0, copy), doctest::Contains("writing subgroup "), std::system_error);
+        const auto kept = pipe.resident_subgroups();
+        REQUIRE_FALSE(kept.empty());  // updated but unwritten: kept
+        // Mixed steps refuse to save, naming the first subgroup that holds the newer step.
+        const std::string mixed = "subgroup " + std::to_string(*std::min_element(kept.begin(), kept.end())) +
+                                  " holds step 1 but the pipeline is at step 0";
+        CHECK_THROWS_WITH_AS(pipe.save("unused"), doctest::Contains(mixed.c_str()), std::logic_error);
         tier.clear_faults();
         REQUIRE(pipe.update(g0, copy) == step_result::applied);
         ref.step(g0, 1.0f);
@@ -660,7 +672,8 @@ TEST_CASE("a failing tier names the subgroup, loses nothing, and a retry equals 
         } catch (const std::system_error& e) {
             CHECK(std::string(e.what()).find("fp32 gradients of subgroup 1 ") != std::string::npos);
         }
-        CHECK_THROWS_AS(pipe.update(copy), std::invalid_argument);  // nothing handed over
+        CHECK_THROWS_WITH_AS(pipe.update(copy), doctest::Contains("the gradients of step 1 were not handed over"),
+                             std::invalid_argument);  // nothing handed over
         tier.clear_faults();
         pipe.hand_over_gradients(g);
         REQUIRE(pipe.update(copy) == step_result::applied);
@@ -746,7 +759,7 @@ TEST_CASE("a save that fails part-way keeps the previous good save") {
     pipe.read_params(saved);
     pipe.update(make_grads<float16>(params_total, 2, 1.0f), copy);
     tier.fail_nth(fault_op::read, 4, EIO);  // the save dies while reading subgroup 3
-    CHECK_THROWS_AS(pipe.save(dir), std::system_error);
+    CHECK_THROWS_WITH_AS(pipe.save(dir), doctest::Contains("reading subgroup 3 "), std::system_error);
     tier.clear_faults();
     for (auto& e : std::filesystem::directory_iterator(root.path())) CHECK(e.path().filename() == "ckpt");
     host_tier other;
@@ -759,7 +772,8 @@ TEST_CASE("a save that fails part-way keeps the previous good save") {
     auto foreign = root.path() / "foreign";
     std::filesystem::create_directory(foreign);
     std::ofstream(foreign / "data.txt") << "precious";
-    CHECK_THROWS_AS(pipe.save(foreign), std::invalid_argument);
+    const std::string refused = foreign.string() + " exists and is not an optimizer save (no manifest.txt)";
+    CHECK_THROWS_WITH_AS(pipe.save(foreign), doctest::Contains(refused.c_str()), std::invalid_argument);
     CHECK(std::filesystem::exists(foreign / "data.txt"));
 }
 
@@ -1221,7 +1235,7 @@ TEST_CASE("master params in the caller's memory: bad uses are refused up front")
     // copy_out that is not master_params.
     update_pipeline<host_tier, float16, float> p(tier, cfg, init, opt);
     auto g = make_grads<float16>(params_total, 1, 1.0f);
-    CHECK_THROWS_AS(p.update(g, other), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(p.update(g, other), doctest::Contains("copy_out is not master_params"), std::invalid_argument);
     CHECK(p.steps() == 0);
     CHECK(bits_equal(params, init));
 }
@@ -1302,12 +1316,17 @@ TEST_CASE("bad configurations and arguments are refused up front") {
     update_pipeline<host_tier, float16> p(tier, cfg, init);
     std::vector<float16> copy(params_total), short_copy(10);
     auto g = make_grads<float16>(params_total, 1, 1.0f);
-    CHECK_THROWS_AS(p.update(std::span<const float16>(g).first(10), copy), std::invalid_argument);
-    CHECK_THROWS_AS(p.update(g, short_copy), std::invalid_argument);
-    CHECK_THROWS_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}), std::invalid_argument);
+    const std::string grads_size = "grads has 10 elements, expected param_count " + std::to_string(params_total);
+    const std::string copy_size = "copy_out has 10 elements, expected param_count " + std::to_string(params_total);
+    CHECK_THROWS_WITH_AS(p.update(std::span<const float16>(g).first(10), copy), doctest::Contains(grads_size.c_str()),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(p.update(g, short_copy), doctest::Contains(copy_size.c_str()), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}),
+                         doctest::Contains("grad_scale must be finite and > 0, got 0"), std::invalid_argument);
     CHECK(p.prefetched_count() == 0);  // refused before any read was issued
     // A second pipeline with the same keys on the same tier is refused.
-    CHECK_THROWS_AS((update_pipeline<host_tier, float16>(tier, cfg, init)), std::invalid_argument);
+    CHECK_THROWS_WITH_AS((update_pipeline<host_tier, float16>(tier, cfg, init)),
+                         doctest::Contains("already holds key 'optim-0'"), std::invalid_argument);
     CHECK(p.update(g, {}) == step_result::applied);  // no compute copy is fine
 }
 

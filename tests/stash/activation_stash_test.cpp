@@ -629,10 +629,12 @@ TEST_CASE("misuse of handles and descriptions is a clear error naming the tensor
 
     stash_options bad;
     bad.key_prefix = "../up";
-    CHECK_THROWS_AS(activation_stash(tier, bad), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(activation_stash(tier, bad), doctest::Contains("key_prefix '../up' contains '/'"),
+                         std::invalid_argument);
     bad = {};
     bad.write_threads = 0;
-    CHECK_THROWS_AS(activation_stash(tier, bad), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(activation_stash(tier, bad),
+                         doctest::Contains("write_threads and read_threads must be at least 1"), std::invalid_argument);
     other.release(foreign);
 }
 

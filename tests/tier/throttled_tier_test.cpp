@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -186,7 +187,16 @@ TEST_CASE("throttled_tier: errors of the inner tier pass through and are counted
         CHECK(std::string(e.what()).find("'missing'") != std::string::npos);
     }
     auto big = test::random_bytes(2000, 9);
-    CHECK_THROWS_AS(tier.write("big", big).wait(), std::system_error);
+    try {
+        tier.write("big", big).wait();
+        FAIL("a write past the capacity succeeded");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == ENOSPC);
+        const std::string w = e.what();
+        CHECK(w.find("'big'") != std::string::npos);
+        CHECK(w.find("2000 bytes") != std::string::npos);
+        CHECK(w.find("capacity of 1000 bytes") != std::string::npos);
+    }
     auto s = tier.stats();
     CHECK(s.failed_reads == 1);
     CHECK(s.failed_writes == 1);
@@ -196,21 +206,38 @@ TEST_CASE("throttled_tier: errors of the inner tier pass through and are counted
 
 TEST_CASE("throttled_tier: a bad configuration is refused with a clear message") {
     using std::invalid_argument;
-    CHECK_THROWS_AS(throttled_tier<host_tier>(throttle_config::joint({0.0, KiB})), invalid_argument);
-    CHECK_THROWS_AS(throttled_tier<host_tier>(throttle_config::joint({-5.0, KiB})), invalid_argument);
-    CHECK_THROWS_AS(throttled_tier<host_tier>(throttle_config::joint({1e6, 0})), invalid_argument);
-    CHECK_THROWS_AS((throttled_tier<host_tier>(throttle_config{throttle_scope::joint, {1e6, KiB}, {2e6, KiB}})),
-                    invalid_argument);
+    CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::joint({0.0, KiB})),
+                         doctest::Contains("read rate must be a positive number of bytes per second"), invalid_argument);
+    CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::joint({-5.0, KiB})),
+                         doctest::Contains("read rate must be a positive number of bytes per second"), invalid_argument);
+    CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::joint({-5.0, KiB})), doctest::Contains("got -5"),
+                         invalid_argument);
+    // The write limit is named as such, with its value.
+    CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::separate({1e6, KiB}, {-7.0, KiB})),
+                         doctest::Contains("write rate must be a positive number of bytes per second (infinity for no "
+                                           "limit), got -7"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::joint({1e6, 0})),
+                         doctest::Contains("read burst_bytes must be positive"), invalid_argument);
+    CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::separate({1e6, KiB}, {1e6, 0})),
+                         doctest::Contains("write burst_bytes must be positive"), invalid_argument);
+    CHECK_THROWS_WITH_AS((throttled_tier<host_tier>(throttle_config{throttle_scope::joint, {1e6, KiB}, {2e6, KiB}})),
+                         doctest::Contains("a joint throttle has one bucket, but the read and write limits differ"),
+                         invalid_argument);
     try {
         throttled_tier<host_tier> t(throttle_config::joint({std::nan(""), KiB}));
         FAIL("NaN rate accepted");
     } catch (const std::invalid_argument& e) {
         CHECK(std::string(e.what()).find("read rate") != std::string::npos);
+        CHECK(std::string(e.what()).find("got " + std::to_string(std::nan(""))) != std::string::npos);
     }
     throttled_tier<host_tier> joint(throttle_config::joint({1e6, KiB}));
-    CHECK_THROWS_AS(joint.set_rate(io_direction::read, {2e6, KiB}), invalid_argument);
-    CHECK_THROWS_AS(joint.set_rate(throttle_config::separate({}, {})), invalid_argument);
-    CHECK_THROWS_AS(joint.set_rate(bandwidth_limit{0.0, KiB}), invalid_argument);
+    CHECK_THROWS_WITH_AS(joint.set_rate(io_direction::read, {2e6, KiB}),
+                         doctest::Contains("needs a separate throttle; this one is joint"), invalid_argument);
+    CHECK_THROWS_WITH_AS(joint.set_rate(throttle_config::separate({}, {})),
+                         doctest::Contains("the throttle scope is fixed at construction"), invalid_argument);
+    CHECK_THROWS_WITH_AS(joint.set_rate(bandwidth_limit{0.0, KiB}), doctest::Contains("read rate"), invalid_argument);
+    CHECK_THROWS_WITH_AS(joint.set_rate(bandwidth_limit{0.0, KiB}), doctest::Contains("got 0"), invalid_argument);
     CHECK(joint.config().read.bytes_per_second == 1e6);  // unchanged by the refused calls
 }
 

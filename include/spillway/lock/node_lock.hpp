@@ -20,13 +20,18 @@
 ///    so keeps the lock alive until it exits or closes it; a forked child must build its
 ///    own node_lock objects and never use the parent's. The descriptor is close-on-exec.
 ///  - Lock files are created mode 0600, never through a symbolic link (O_NOFOLLOW), must be
-///    regular files owned by the calling user, and are never deleted (deleting a lock file
-///    while another process waits on it would let two holders in at once). They are empty.
+///    regular files owned by the calling user, and are never deleted by node_lock. They are
+///    empty. If something else deletes or replaces one (a cleaner of /dev/shm, systemd's
+///    RemoveIPC at logout), a holder of the old file and one of the new would not exclude
+///    each other: every acquisition checks that the file it locked is still the one under
+///    the name, and otherwise lets go, opens the name again and retries (protocol step 3),
+///    so at most the hold that was current when the file went overlaps a new one.
 ///  - Names are validated with validate_key(): no '/', no "..", so a name never leaves the
 ///    lock directory. Errors name the lock, the path and the call.
 ///
 /// Protocol:
-///  1. Construction validates the name, resolves the directory, opens it (O_DIRECTORY) and
+///  1. Construction validates the name, resolves the directory, opens it (O_DIRECTORY; kept
+///     open for step 3) and
 ///     opens or creates "spillway-<name>.lock" in it with openat(O_RDWR | O_CREAT |
 ///     O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600). O_NONBLOCK only keeps the open from
 ///     hanging on a FIFO planted under that name; it does not affect locking.
@@ -37,12 +42,15 @@
 ///     automatic picks the same one on one kernel.
 ///  3. lock(): take the internal mutex, then fcntl(F_OFD_SETLKW, write lock over the whole
 ///     file) (or flock(LOCK_EX)), retrying on EINTR. If the file lock fails the mutex is
-///     released and std::system_error is thrown.
+///     released and std::system_error is thrown. Then fstatat() the name in the directory
+///     (no links followed): if it is gone or is another file than the descriptor's (device
+///     and inode), release the file lock, open the name again as in steps 1-2 and lock again.
 ///  4. try_lock(): try the internal mutex, then fcntl(F_OFD_SETLK) (or flock(LOCK_EX |
 ///     LOCK_NB)); EAGAIN/EACCES/EWOULDBLOCK means another holder: release the mutex, return
-///     false.
+///     false. The check of step 3 follows; a replaced file is opened again and tried once
+///     more.
 ///  5. unlock(): fcntl(F_OFD_SETLK, F_UNLCK) (or flock(LOCK_UN)), then release the mutex.
-///  6. Destruction closes the descriptor, which drops the lock if it is still held.
+///  6. Destruction closes the descriptors, which drops the lock if it is still held.
 #pragma once
 
 #include <fcntl.h>
@@ -101,32 +109,20 @@ public:
                                                 spillway::quoted(file) + " would exceed 255 bytes");
         auto dir = options.directory.empty() ? default_lock_directory() : options.directory;
         path_ = dir / file;
-
-        int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) throw_system_error(errno, "open", "node_lock " + spillway::quoted(name_) + ": lock directory " + dir.string());
-        fd_ = ::openat(dfd, file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
-        int open_err = errno;
-        ::close(dfd);
-        if (fd_ < 0) {
-            if (open_err == ELOOP)
-                throw_system_error(open_err, "openat(O_NOFOLLOW)",
-                                   "node_lock " + spillway::quoted(name_) + ": " + path_.string() + " is a symbolic link");
-            throw_system_error(open_err, "openat", "node_lock " + spillway::quoted(name_) + ": " + path_.string());
-        }
+        file_ = file;
+        dirfd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dirfd_ < 0)
+            throw_system_error(errno, "open", "node_lock " + spillway::quoted(name_) + ": lock directory " + dir.string());
         try {
-            struct stat st {};
-            if (::fstat(fd_, &st) != 0) throw_system_error(errno, "fstat", "node_lock " + spillway::quoted(name_) + ": " + path_.string());
-            if (!S_ISREG(st.st_mode))
-                throw_system_error(EINVAL, "fstat", "node_lock " + spillway::quoted(name_) + ": " + path_.string() +
-                                                        " is not a regular file");
-            if (st.st_uid != ::geteuid())
-                throw_system_error(EPERM, "fstat", "node_lock " + spillway::quoted(name_) + ": " + path_.string() +
-                                                       " belongs to another user (uid " + std::to_string(st.st_uid) + ")");
-            if ((st.st_mode & 07777) != 0600 && ::fchmod(fd_, 0600) != 0)
-                throw_system_error(errno, "fchmod", "node_lock " + spillway::quoted(name_) + ": " + path_.string());
-            mechanism_ = settle(mechanism);
+            fd_ = open_checked();
+            try {
+                mechanism_ = settle(mechanism);
+            } catch (...) {
+                ::close(fd_);
+                throw;
+            }
         } catch (...) {
-            ::close(fd_);
+            ::close(dirfd_);
             throw;
         }
     }
@@ -136,22 +132,31 @@ public:
     node_lock& operator=(const node_lock&) = delete;
     /// Closes the descriptor, which drops the lock if this object still holds it. The lock
     /// file stays (see the file comment).
-    ~node_lock() { ::close(fd_); }
+    ~node_lock() {
+        ::close(fd_);
+        ::close(dirfd_);
+    }
 
     /// Blocks until this object holds the lock. Throws std::system_error if the kernel
     /// refuses (e.g. ENOLCK); the lock is then not held.
     void lock() {
         mutex_.lock();
-        int rc;
-        do {
-            rc = mechanism_ == lock_mechanism::ofd ? ofd(F_OFD_SETLKW, F_WRLCK)
-                                                   : ::flock(fd_, LOCK_EX);
-        } while (rc != 0 && errno == EINTR);
-        if (rc != 0) {
-            int err = errno;
+        try {
+            for (;;) {
+                int rc;
+                do {
+                    rc = mechanism_ == lock_mechanism::ofd ? ofd(F_OFD_SETLKW, F_WRLCK) : ::flock(fd_, LOCK_EX);
+                } while (rc != 0 && errno == EINTR);
+                if (rc != 0)
+                    throw_system_error(errno, mechanism_ == lock_mechanism::ofd ? "fcntl(F_OFD_SETLKW)" : "flock(LOCK_EX)",
+                                       "node_lock " + spillway::quoted(name_) + ": " + path_.string());
+                if (still_the_named_file()) return;
+                release_file_lock();
+                reopen();
+            }
+        } catch (...) {
             mutex_.unlock();
-            throw_system_error(err, mechanism_ == lock_mechanism::ofd ? "fcntl(F_OFD_SETLKW)" : "flock(LOCK_EX)",
-                               "node_lock " + spillway::quoted(name_) + ": " + path_.string());
+            throw;
         }
     }
 
@@ -159,23 +164,33 @@ public:
     /// unexpected kernel error (not for "held by another").
     [[nodiscard]] bool try_lock() {
         if (!mutex_.try_lock()) return false;
-        int rc;
-        do {
-            rc = mechanism_ == lock_mechanism::ofd ? ofd(F_OFD_SETLK, F_WRLCK)
-                                                   : ::flock(fd_, LOCK_EX | LOCK_NB);
-        } while (rc != 0 && errno == EINTR);
-        if (rc == 0) return true;
-        int err = errno;
+        try {
+            for (int attempt = 0; attempt < 2; ++attempt) {  // (the second on a reopened file)
+                int rc;
+                do {
+                    rc = mechanism_ == lock_mechanism::ofd ? ofd(F_OFD_SETLK, F_WRLCK) : ::flock(fd_, LOCK_EX | LOCK_NB);
+                } while (rc != 0 && errno == EINTR);
+                if (rc != 0) {
+                    int err = errno;
+                    if (err == EAGAIN || err == EACCES || err == EWOULDBLOCK) break;
+                    throw_system_error(err, mechanism_ == lock_mechanism::ofd ? "fcntl(F_OFD_SETLK)" : "flock(LOCK_EX|LOCK_NB)",
+                                       "node_lock " + spillway::quoted(name_) + ": " + path_.string());
+                }
+                if (still_the_named_file()) return true;
+                release_file_lock();
+                reopen();
+            }
+        } catch (...) {
+            mutex_.unlock();
+            throw;
+        }
         mutex_.unlock();
-        if (err == EAGAIN || err == EACCES || err == EWOULDBLOCK) return false;
-        throw_system_error(err, mechanism_ == lock_mechanism::ofd ? "fcntl(F_OFD_SETLK)" : "flock(LOCK_EX|LOCK_NB)",
-                           "node_lock " + spillway::quoted(name_) + ": " + path_.string());
+        return false;
     }
 
     /// Releases the lock; call only while holding it, from the thread that took it.
     void unlock() noexcept {
-        if (mechanism_ == lock_mechanism::ofd) ofd(F_OFD_SETLK, F_UNLCK);
-        else ::flock(fd_, LOCK_UN);
+        release_file_lock();
         mutex_.unlock();
     }
 
@@ -187,6 +202,49 @@ public:
     [[nodiscard]] lock_mechanism mechanism() const noexcept { return mechanism_; }
 
 private:
+    // Steps 1-2 for the name: opens or creates the lock file and checks it.
+    int open_checked() const {
+        const std::string what = "node_lock " + spillway::quoted(name_) + ": " + path_.string();
+        int fd = ::openat(dirfd_, file_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+        if (fd < 0) {
+            int err = errno;
+            if (err == ELOOP) throw_system_error(err, "openat(O_NOFOLLOW)", what + " is a symbolic link");
+            throw_system_error(err, "openat", what);
+        }
+        try {
+            struct stat st {};
+            if (::fstat(fd, &st) != 0) throw_system_error(errno, "fstat", what);
+            if (!S_ISREG(st.st_mode)) throw_system_error(EINVAL, "fstat", what + " is not a regular file");
+            if (st.st_uid != ::geteuid())
+                throw_system_error(EPERM, "fstat", what + " belongs to another user (uid " + std::to_string(st.st_uid) + ")");
+            if ((st.st_mode & 07777) != 0600 && ::fchmod(fd, 0600) != 0) throw_system_error(errno, "fchmod", what);
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
+        return fd;
+    }
+
+    // Step 3's check: the name in the directory is still the file this object locked.
+    bool still_the_named_file() const noexcept {
+        struct stat mine {}, named {};
+        if (::fstat(fd_, &mine) != 0) return true;  // (cannot tell: keep the lock taken)
+        if (::fstatat(dirfd_, file_.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) return false;
+        return mine.st_dev == named.st_dev && mine.st_ino == named.st_ino;
+    }
+
+    void release_file_lock() noexcept {
+        if (mechanism_ == lock_mechanism::ofd) ofd(F_OFD_SETLK, F_UNLCK);
+        else ::flock(fd_, LOCK_UN);
+    }
+
+    // The lock file went or was replaced: the name's file from now on.
+    void reopen() {
+        int fd = open_checked();
+        ::close(fd_);
+        fd_ = fd;
+    }
+
     // fcntl() on the whole file (l_len 0: to the end, however it grows; l_pid must be 0
     // for OFD locks).
     int ofd(int cmd, short type) const noexcept {
@@ -209,6 +267,8 @@ private:
 
     std::string name_;
     std::filesystem::path path_;
+    std::string file_;  // "spillway-<name>.lock"
+    int dirfd_ = -1;    // the lock directory, where the name is looked up again
     int fd_ = -1;
     lock_mechanism mechanism_ = lock_mechanism::automatic;
     std::mutex mutex_;

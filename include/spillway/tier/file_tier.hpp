@@ -23,10 +23,15 @@
 //      resize it, or create a temporary file ".spillway.tmp.<pid>.<n>" and fallocate it to
 //      the size (so a full disk fails here, early, and direct writes never extend a file);
 //   3. write body and tail through the engine, concurrently;
-//   4. on success exchange the temporary file with the key's file (renameat2
-//      RENAME_EXCHANGE; a plain rename when the key had no file), keep the old file as a
-//      spare or unlink it, and account the new size; on failure unlink the temporary file
-//      and release the reservation.
+//   4. on success, under the tier's lock, exchange the temporary file with the key's file
+//      (renameat2 RENAME_EXCHANGE; a plain rename when the key had no file) and account
+//      the new size; keep the old file as a spare unless a read of the key is in flight (it
+//      is unlinked then: the reader keeps its descriptor), or unlink it; on failure unlink
+//      the temporary file and release the reservation.
+// - Same key at once: a read that overlaps a rewrite returns the old blob or the new one,
+//   whole (its size, its descriptors and its reader count are taken under the lock step 4
+//   holds); of two overlapping writes, the one installed last is the file and the size.
+//   Erasing a key with an operation in flight is the caller's error (storage_tier.hpp).
 //   Data is not fsync()ed: the tier is for offloading within a run, not for durability
 //   across power loss.
 // - Errors name the tier, the key, the path, the sizes and the errno: a missing key is
@@ -256,7 +261,12 @@ public:
         op->nbytes = n;
         op->dest = bytes.data();
         try {
+            op->label = describe("read", key, n);
             {
+                // The size, the file and the reader count are taken together: an install
+                // (rename and index) happens entirely before or after, so both descriptors
+                // hold the same file, of the size looked up, and the file a reader holds is
+                // never recycled as a spare while it reads (install unlinks it instead).
                 std::lock_guard lock(mutex_);
                 auto it = index_.find(op->key);
                 if (it == index_.end())
@@ -265,38 +275,39 @@ public:
                 if (it->second != n)
                     throw std::invalid_argument(describe("read", key, n) + " into a buffer of " + bytes_str(n) +
                                                 ", but the blob has " + bytes_str(it->second));
+                int fd = ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
+                if (fd < 0) {
+                    int err = errno;
+                    if (err == ENOENT) {
+                        used_ -= it->second;
+                        index_.erase(it);
+                        throw_system_error(err, "openat", op->label + " (the file was deleted behind the tier's back)");
+                    }
+                    throw_system_error(err, "openat", op->label);
+                }
+                op->fd = detail::unique_fd(fd);
+                struct stat st {};
+                if (::fstat(fd, &st) != 0) throw_system_error(errno, "fstat", op->label);
+                if (static_cast<std::uint64_t>(st.st_size) != n)
+                    throw std::system_error(EIO, std::generic_category(),
+                                            op->label + ": the file has " + bytes_str(static_cast<std::size_t>(st.st_size)) +
+                                                " but the tier stored " + bytes_str(n) +
+                                                " (truncated or changed behind the tier's back)");
+                if (direct_ && n % block != 0) {
+                    int tfd = ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                    if (tfd < 0) throw_system_error(errno, "openat", op->label);
+                    op->tail_fd = detail::unique_fd(tfd);
+                }
                 ++pending_;
+                ++readers_[op->key];
                 op->counted = true;
             }
-            op->label = describe("read", key, n);
-            int fd = ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
-            if (fd < 0) {
-                int err = errno;
-                if (err == ENOENT) {
-                    forget(op->key);
-                    throw_system_error(err, "openat", op->label + " (the file was deleted behind the tier's back)");
-                }
-                throw_system_error(err, "openat", op->label);
-            }
-            op->fd = detail::unique_fd(fd);
-            struct stat st {};
-            if (::fstat(fd, &st) != 0) throw_system_error(errno, "fstat", op->label);
-            if (static_cast<std::uint64_t>(st.st_size) != n)
-                throw std::system_error(EIO, std::generic_category(),
-                                        op->label + ": the file has " + bytes_str(static_cast<std::size_t>(st.st_size)) +
-                                            " but the tier stored " + bytes_str(n) +
-                                            " (truncated or changed behind the tier's back)");
             const std::size_t body = direct_ ? n / block * block : n;
             const std::size_t tail = n - body;
             std::byte* dst = bytes.data();
             if (body > 0 && direct_ && !is_aligned(dst, block)) {
                 op->bounce = aligned_buffer(body, memory_lock::unlocked, block, buffer_fill::uninitialized);
                 dst = op->bounce.data();
-            }
-            if (tail > 0 && direct_) {
-                int tfd = ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-                if (tfd < 0) throw_system_error(errno, "openat", op->label);
-                op->tail_fd = detail::unique_fd(tfd);
             }
             completion_source source = op->source;
             auto handle = source.handle();
@@ -315,10 +326,11 @@ public:
         } catch (...) {
             auto err = std::current_exception();
             stats_.end(io_direction::read, n, false);
+            op->fd.reset();
+            op->tail_fd.reset();
             if (op->counted) {
-                op->fd.reset();
-                op->tail_fd.reset();
                 std::lock_guard lock(mutex_);
+                drop_reader(op->key);
                 if (--pending_ == 0) idle_cv_.notify_all();
             }
             return io_completion::failed(err);
@@ -413,14 +425,6 @@ private:
                                         spillway::quoted(reserved_prefix) + " (used for the tier's temporary files)");
     }
 
-    void forget(const std::string& key) {
-        std::lock_guard lock(mutex_);
-        auto it = index_.find(key);
-        if (it == index_.end()) return;
-        used_ -= it->second;
-        index_.erase(it);
-    }
-
     // Step 2 of the write protocol: a recycled spare file, resized, or a new file, allocated.
     void open_temporary(write_op& op, std::string_view key) {
         const std::size_t n = op.nbytes;
@@ -469,30 +473,35 @@ private:
 
     // Step 4 of the write protocol: the temporary file takes the key's name. When the key
     // had a file, the two are exchanged atomically and the old one becomes a spare (or is
-    // unlinked when enough spares are kept).
+    // unlinked when enough spares are kept, or when a read has it open: a spare is rewritten
+    // by the next write). The rename and the index change under one lock, so that of two
+    // writes of one key the file installed last is also the size indexed last, and a read
+    // sees the file and its size of the same write.
     void install(write_op& op) {
-        bool had_file;
+        std::string unlink_after;  // unlinked outside the lock (can take milliseconds)
         {
             std::lock_guard lock(mutex_);
-            had_file = index_.contains(op.key) && max_spares_ > 0;
-        }
-        if (had_file &&
-            ::renameat2(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str(), RENAME_EXCHANGE) == 0) {
-            struct stat st {};
-            bool keep = ::fstatat(dirfd_.get(), op.tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
-            if (keep) {
-                std::lock_guard lock(mutex_);
-                if (spares_.size() < max_spares_) {
-                    spares_.push_back({op.tmp, static_cast<std::size_t>(st.st_size)});
-                    return;
-                }
+            const bool had_file = index_.contains(op.key) && max_spares_ > 0;
+            if (had_file &&
+                ::renameat2(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str(), RENAME_EXCHANGE) == 0) {
+                struct stat st {};
+                bool keep = ::fstatat(dirfd_.get(), op.tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                            S_ISREG(st.st_mode) && !readers_.contains(op.key) && spares_.size() < max_spares_;
+                if (keep) spares_.push_back({op.tmp, static_cast<std::size_t>(st.st_size)});
+                else unlink_after = op.tmp;
+            } else if (::renameat(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str()) != 0) {
+                // (No file under the key, or the file system cannot exchange: a plain rename.)
+                throw_system_error(errno, "renameat", op.label);
             }
-            ::unlinkat(dirfd_.get(), op.tmp.c_str(), 0);
-            return;
+            auto [it, inserted] = index_.try_emplace(op.key, op.nbytes);
+            if (!inserted) {
+                used_ -= it->second;
+                it->second = op.nbytes;
+            }
+            used_ += op.nbytes;
+            reserved_ -= op.nbytes;
         }
-        // No file under the key (or the file system cannot exchange): a plain rename.
-        if (::renameat(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str()) != 0)
-            throw_system_error(errno, "renameat", op.label);
+        if (!unlink_after.empty()) ::unlinkat(dirfd_.get(), unlink_after.c_str(), 0);
     }
 
     // Unlinks the temporary file and releases the reservation of a failed write.
@@ -531,17 +540,7 @@ private:
             cleanup_failed_write(*op);
             stats_.end(io_direction::write, op->nbytes, false);
             source.fail(err);
-        } else {
-            {
-                std::lock_guard lock(mutex_);
-                auto [it, inserted] = index_.try_emplace(op->key, op->nbytes);
-                if (!inserted) {
-                    used_ -= it->second;
-                    it->second = op->nbytes;
-                }
-                used_ += op->nbytes;
-                reserved_ -= op->nbytes;
-            }
+        } else {  // (install() indexed it)
             stats_.end(io_direction::write, op->nbytes, true);
             source.succeed(op->nbytes);
         }
@@ -563,7 +562,14 @@ private:
         if (err) source.fail(err);
         else source.succeed(op->nbytes);
         std::lock_guard lock(mutex_);
+        drop_reader(op->key);
         if (--pending_ == 0) idle_cv_.notify_all();
+    }
+
+    // One read of `key` fewer. Caller holds mutex_.
+    void drop_reader(const std::string& key) {
+        auto it = readers_.find(key);
+        if (it != readers_.end() && --it->second == 0) readers_.erase(it);
     }
 
     // Proves the directory writable and decides on O_DIRECT.
@@ -658,6 +664,7 @@ private:
         std::size_t size = 0;
     };
     std::unordered_map<std::string, std::size_t> index_;
+    std::unordered_map<std::string, unsigned> readers_;  // reads in flight per key
     std::vector<spare> spares_;
     std::size_t max_spares_;
     std::size_t used_ = 0;
