@@ -14,6 +14,7 @@
 #include <spillway/lock/lock_policy.hpp>
 #include <spillway/lock/node_lock.hpp>
 #include <spillway/tier/faulty_tier.hpp>
+#include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
 #include <spillway/tier/throttled_tier.hpp>
 #include <spillway/tier/virtual_tier.hpp>
@@ -420,6 +421,97 @@ TEST_CASE("virtual_tier: blobs a child already holds are found and adopted") {
     CHECK(vt.erase("old"));
     CHECK_FALSE(b.contains("old"));
     CHECK_FALSE(vt.erase("old"));
+}
+
+namespace {
+/// A host tier that can turn read-only, as a file system remounted read-only after errors:
+/// writes fail with EROFS and erase() throws, while reads still work.
+struct read_only_able_tier {
+    static constexpr tier_properties properties{.persistent = true, .direct_io = false, .host_accessible = true};
+    host_tier inner{SIZE_MAX, "disk"};
+    bool read_only = false;
+    io_completion write(std::string_view k, std::span<const std::byte> b) {
+        if (read_only)
+            return io_completion::failed(std::make_exception_ptr(
+                std::system_error(EROFS, std::generic_category(), "disk: write of " + std::string(k))));
+        return inner.write(k, b);
+    }
+    io_completion read(std::string_view k, std::span<std::byte> b) { return inner.read(k, b); }
+    bool erase(std::string_view k) {
+        if (read_only) throw std::system_error(EROFS, std::generic_category(), "disk: erase of " + std::string(k));
+        return inner.erase(k);
+    }
+    bool contains(std::string_view k) const { return inner.contains(k); }
+    std::optional<std::size_t> size_of(std::string_view k) const { return inner.size_of(k); }
+    std::size_t capacity() const { return inner.capacity(); }
+    std::size_t used() const { return inner.used(); }
+    tier_stats stats() const { return inner.stats(); }
+    const std::string& name() const { return inner.name(); }
+};
+static_assert(storage_tier<read_only_able_tier>);
+}  // namespace
+
+TEST_CASE("virtual_tier: a stale copy that its child refused to erase never comes back") {
+    // A rewrite fails over from a child gone read-only; erasing the old copy there fails too.
+    // The old copy must not be adopted again (after erase(key), contains() looked the key up
+    // in the children and found it), and is erased once the child allows it.
+    read_only_able_tier disk;
+    host_tier other(SIZE_MAX, "other");
+    virtual_tier<null_lock, read_only_able_tier&, host_tier&> vt(fixed({1, 0}), disk, other);
+    const auto v1 = random_bytes(4 * KiB, 1), v2 = random_bytes(4 * KiB, 2);
+    put(vt, "k", v1);
+    REQUIRE(vt.child_of("k") == std::size_t{0});
+    disk.read_only = true;
+    put(vt, "k", v2);  // fails over to child 1; child 0 keeps v1
+    CHECK(vt.child_of("k") == std::size_t{1});
+    CHECK(disk.inner.contains("k"));
+    CHECK(get(vt, "k", v2.size()) == v2);
+    CHECK(vt.erase("k"));
+    CHECK_FALSE(vt.contains("k"));  // not adopted from child 0
+    CHECK_FALSE(vt.size_of("k"));
+    std::vector<std::byte> back(v1.size());
+    CHECK(has(message_of(vt.read("k", back)), "no such key"));
+    // Writable again: the next erase of the key takes the stale copy with it.
+    disk.read_only = false;
+    vt.restore(0);
+    CHECK_FALSE(vt.erase("k"));
+    CHECK_FALSE(disk.inner.contains("k"));
+    CHECK(vt.used() == 0);
+
+    SUBCASE("a later write of the key to that child replaces the stale copy") {
+        put(vt, "j", v1);
+        disk.read_only = true;
+        put(vt, "j", v2);  // child 1; child 0 keeps a stale v1
+        disk.read_only = false;
+        vt.restore(0);
+        put(vt, "j", v1);  // back on child 0 (its share): the stale copy is now the current one
+        CHECK(vt.child_of("j") == std::size_t{0});
+        CHECK(get(vt, "j", v1.size()) == v1);
+        CHECK(vt.erase("j"));
+        CHECK_FALSE(vt.contains("j"));
+        CHECK(vt.used() == 0);
+    }
+}
+
+TEST_CASE("virtual_tier: a key whose file vanished from its child is forgotten by the tier too") {
+    test::temp_dir dir("vt-vanished");
+    std::filesystem::create_directories(dir.path() / "a");
+    std::filesystem::create_directories(dir.path() / "b");
+    virtual_tier<null_lock, file_tier<>, file_tier<>> vt(fixed({1, 0}), child_args(dir.path() / "a"),
+                                                         child_args(dir.path() / "b"));
+    const auto blob = random_bytes(4 * KiB, 3);
+    put(vt, "k", blob);
+    std::filesystem::remove(dir.path() / "a" / "k");  // deleted behind the tiers' backs
+    std::vector<std::byte> back(blob.size());
+    auto msg = message_of(vt.read("k", back));
+    CHECK(has(msg, "'k'"));
+    CHECK(has(msg, "deleted behind the tier's back"));
+    CHECK_FALSE(vt.contains("k"));
+    CHECK(keys_per_child(vt) == std::vector<std::size_t>{0, 0});
+    CHECK(vt.report()[0].health == child_health::healthy);  // a missing file is not a failing path
+    CHECK_FALSE(vt.erase("k"));
+    put(vt, "k", blob);  // and the key can be written again
+    CHECK(get(vt, "k", blob.size()) == blob);
 }
 
 TEST_CASE("virtual_tier: bad options are refused with a sentence naming the problem") {

@@ -45,6 +45,14 @@
 ///    write fail, naming the key, the size and each child's error. A read whose only copy is
 ///    on a child that fails raises an error naming the key and the child (and marks the child
 ///    degraded unless the error is ENOENT or a size mismatch). restore(i) clears the mark.
+///    A read that finds the key's file gone from its child (ENOENT) makes the tier forget
+///    the key, as the child did.
+///  - Stale copies. When a rewrite moved a key and the old child refuses to erase the old
+///    copy (a child gone read-only), that copy is remembered as stale: it is never adopted
+///    back (contains(), size_of(), reads), a later write of the key to that child replaces
+///    it, and erase(key) and the destructor try to erase it again. used() counts it while
+///    it lasts. A new virtual tier over the same children cannot tell such a copy from the
+///    current one; restore the child's writability before reopening.
 ///  - Statistics: stats() counts the virtual tier's own operations (issue to completion);
 ///    report() gives, per child, the bytes and operations the virtual tier moved to and from
 ///    it, its bandwidth estimates, weight, key count and health.
@@ -388,6 +396,8 @@ public:
         }
         cv_.notify_all();
         for (auto& w : workers_) w.join();
+        for (auto& [key, children] : stale_)
+            for (std::size_t i : children) (void)erase_on_child(i, key);
     }
 
     // ---- storage_tier ----------------------------------------------------------------------
@@ -434,11 +444,27 @@ public:
         validate_key(key);
         std::unique_lock lock(mutex_);
         auto it = find_entry(key);
-        if (it == index_.end()) return false;
-        auto home = it->second.home;
-        if (auto placed = intended(it->second)) --slots_[*placed]->keys;
-        index_.erase(it);
+        std::optional<std::size_t> home;
+        if (it != index_.end()) {
+            home = it->second.home;
+            if (auto placed = intended(it->second)) --slots_[*placed]->keys;
+            index_.erase(it);
+        }
+        std::vector<std::size_t> stale;
+        if (auto st = stale_.find(std::string(key)); st != stale_.end()) {
+            stale = std::move(st->second);
+            stale_.erase(st);
+        }
         lock.unlock();
+        std::vector<std::size_t> still;  // stale copies that again refused to go
+        for (std::size_t i : stale)
+            if (!erase_on_child(i, key)) still.push_back(i);
+        if (!still.empty()) {
+            lock.lock();
+            auto& owed = stale_[std::string(key)];
+            owed.insert(owed.end(), still.begin(), still.end());
+            lock.unlock();
+        }
         if (!home) return false;
         return children_.visit(*home, [&](auto& c) { return c.erase(key); });
     }
@@ -843,11 +869,14 @@ private:
         return handle;
     }
 
-    /// Finds the key in the index, or adopts it from the first child that holds it.
+    /// Finds the key in the index, or adopts it from the first child that holds it (never
+    /// from a child whose copy is stale).
     typename std::unordered_map<std::string, entry>::iterator find_entry(std::string_view key) const {
         auto it = index_.find(std::string(key));
         if (it != index_.end()) return it;
+        const auto stale = stale_.find(std::string(key));
         for (std::size_t i = 0; i < slots_.size(); ++i) {
+            if (stale != stale_.end() && std::ranges::find(stale->second, i) != stale->second.end()) continue;
             auto size = children_.visit(i, [&](auto& c) -> std::optional<std::size_t> {
                 try {
                     return c.size_of(key);
@@ -1054,19 +1083,19 @@ private:
             e.home = op.child;
             e.target.reset();
             e.size = op.nbytes;
+            forget_stale(op.key, op.child);  // this write replaced a stale copy there, if any
             lock.unlock();
-            if (old && *old != op.child) {
-                try {
-                    children_.visit(*old, [&](auto& c) { return c.erase(op.key); });
-                } catch (...) {
-                    // The stale copy stays on a failing child; the index no longer points there.
-                }
-            }
+            const bool old_gone = !old || *old == op.child || erase_on_child(*old, op.key);
             lock.lock();
+            if (!old_gone) stale_[op.key].push_back(*old);  // the index no longer points there
             pending_ -= op.nbytes;
             return succeed(op, n, lock);
         }
-        if (op.dir == io_direction::read) return fail_op(op, wrap_read_error(op, error), lock);
+        if (op.dir == io_direction::read) {
+            auto wrapped = wrap_read_error(op, error);
+            if (errno_of(error) == ENOENT) forget_vanished(op);
+            return fail_op(op, wrapped, lock);
+        }
         // A failed write: degrade the child and try another (protocol step 6).
         int err = 0;
         std::string what;
@@ -1111,6 +1140,43 @@ private:
         lock.lock();
     }
 
+    // Erases the copy of `key` on child i; false when the child refused (it threw).
+    bool erase_on_child(std::size_t i, std::string_view key) noexcept {
+        try {
+            children_.visit(i, [&](auto& c) { return c.erase(key); });
+            return true;
+        } catch (...) {
+            return false;
+        }
+    }
+
+    // Child i now holds the current copy of `key`: not a stale one. Caller holds mutex_.
+    void forget_stale(const std::string& key, std::size_t i) {
+        auto it = stale_.find(key);
+        if (it == stale_.end()) return;
+        std::erase(it->second, i);
+        if (it->second.empty()) stale_.erase(it);
+    }
+
+    // A read found the key's file gone from its child (ENOENT): the child forgot the key, so
+    // does the index (unless a write of the key is in flight). Caller holds mutex_.
+    void forget_vanished(const operation& op) {
+        auto it = index_.find(op.key);
+        if (it == index_.end() || it->second.home != op.child || it->second.target) return;
+        --slots_[op.child]->keys;
+        index_.erase(it);
+    }
+
+    static int errno_of(const std::exception_ptr& error) {
+        try {
+            std::rethrow_exception(error);
+        } catch (const std::system_error& e) {
+            return e.code().value();
+        } catch (...) {
+            return 0;
+        }
+    }
+
     std::exception_ptr wrap_read_error(const operation& op, std::exception_ptr error) {
         auto& s = *slots_[op.child];
         std::string where = options_.name + ": read of key " + spillway::quoted(op.key) + " (" + bytes_str(op.nbytes) +
@@ -1137,6 +1203,7 @@ private:
     mutable std::mutex mutex_;
     std::condition_variable cv_;
     mutable std::unordered_map<std::string, entry> index_;
+    std::unordered_map<std::string, std::vector<std::size_t>> stale_;  // copies owed an erase, by key
     std::deque<std::unique_ptr<operation>> queue_;
     std::size_t pending_ = 0;  // bytes of writes submitted and not finished
     stats_recorder stats_;
