@@ -51,10 +51,21 @@ inline void expect_argument(bool cond, std::string_view message) {
 inline std::string bytes_str(std::size_t nbytes) { return std::to_string(nbytes) + " bytes"; }
 
 /// Quotes a caller-provided key or name for an error message: `quoted("a")` is `"'a'"`, so
-/// an empty key or one with spaces stays visible in the message.
+/// an empty key or one with spaces stays visible in the message. Control bytes (a NUL, a
+/// newline) are written as `\xNN`, so the message stays one line that what() shows whole.
 inline std::string quoted(std::string_view s) {
     std::string out = "'";
-    out += s;
+    for (char c : s) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u < 0x20 || u == 0x7f) {
+            constexpr char hex[] = "0123456789abcdef";
+            out += "\\x";
+            out += hex[u >> 4];
+            out += hex[u & 15];
+        } else {
+            out += c;
+        }
+    }
     out += "'";
     return out;
 }

@@ -63,3 +63,14 @@ TEST_CASE("validate_key refuses names that could escape their directory, naming 
         }
     }
 }
+
+TEST_CASE("quoted keeps a message one whole line: control bytes are written as \\xNN") {
+    CHECK(spillway::quoted("a b") == "'a b'");
+    CHECK(spillway::quoted("") == "''");
+    CHECK(spillway::quoted(std::string_view("nul\0byte", 8)) == "'nul\\x00byte'");
+    CHECK(spillway::quoted("line\nbreak\x7f") == "'line\\x0abreak\\x7f'");
+    CHECK(spillway::quoted("caf\xc3\xa9") == "'caf\xc3\xa9'");  // UTF-8 stays as it is
+    // The reason for refusing a key with a NUL is not cut off at the NUL.
+    CHECK_THROWS_WITH_AS(spillway::validate_key(std::string_view("nul\0byte", 8)),
+                         "key 'nul\\x00byte' contains a NUL byte", std::invalid_argument);
+}

@@ -634,7 +634,7 @@ TEST_CASE("misuse of handles and descriptions is a clear error naming the tensor
     bad = {};
     bad.write_threads = 0;
     CHECK_THROWS_WITH_AS(activation_stash(tier, bad),
-                         doctest::Contains("write_threads and read_threads must be at least 1"), std::invalid_argument);
+                         doctest::Contains("write_threads and read_threads must be at least 1, got 0 and "), std::invalid_argument);
     other.release(foreign);
 }
 

@@ -274,15 +274,14 @@ TEST_CASE_TEMPLATE_DEFINE("conformance: invalid keys are refused and store nothi
         {"../escape", "contains '/'"},
         {"/abs", "contains '/'"},
         {std::string(256, 'x'), "is longer than 255 bytes"},
-        // validate_key puts the raw key in the message and what() is a C string, so the
-        // message ends at the key's NUL: only "'nul" is visible, not why it was refused.
-        {std::string("nul\0byte", 8), ""},
+        // (quoted() writes the NUL as \x00: the message is a C string that must not end there.)
+        {std::string("nul\0byte", 8), "contains a NUL byte"},
     };
     for (const auto& entry : bad) {
         // Not a structured binding: clang 14 cannot capture one (CAPTURE's lambda).
         const std::string& key = entry.first;
         CAPTURE(key);
-        const std::string shown = key.find('\0') == std::string::npos ? "'" + key + "' " + entry.second : "'nul";
+        const std::string shown = spillway::quoted(key) + " " + entry.second;
         check_invalid_argument(run([&] { return tier->write(key, data); }), {shown});
         check_invalid_argument(run([&] { return tier->read(key, back); }), {shown});
         try {

@@ -218,11 +218,12 @@ TEST_CASE("throttled_tier: a bad configuration is refused with a clear message")
                                            "limit), got -7"),
                          invalid_argument);
     CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::joint({1e6, 0})),
-                         doctest::Contains("read burst_bytes must be positive"), invalid_argument);
+                         doctest::Contains("read burst_bytes must be positive, got 0"), invalid_argument);
     CHECK_THROWS_WITH_AS(throttled_tier<host_tier>(throttle_config::separate({1e6, KiB}, {1e6, 0})),
-                         doctest::Contains("write burst_bytes must be positive"), invalid_argument);
+                         doctest::Contains("write burst_bytes must be positive, got 0"), invalid_argument);
     CHECK_THROWS_WITH_AS((throttled_tier<host_tier>(throttle_config{throttle_scope::joint, {1e6, KiB}, {2e6, KiB}})),
-                         doctest::Contains("a joint throttle has one bucket, but the read and write limits differ"),
+                         doctest::Contains("a joint throttle has one bucket, but the read and write limits differ "
+                                           "(read 1000000.000000 bytes/s, burst 1024; write 2000000.000000 bytes/s"),
                          invalid_argument);
     try {
         throttled_tier<host_tier> t(throttle_config::joint({std::nan(""), KiB}));

@@ -317,8 +317,9 @@ public:
         : tier_(tier), opt_(std::move(options)), serial_(++detail::stash_serial_counter()) {
         validate_key(opt_.key_prefix, "activation_stash: key_prefix");
         expect_argument(opt_.write_threads >= 1 && opt_.read_threads >= 1,
-                        "activation_stash: write_threads and read_threads must be at least 1 "
-                        "(a stash never writes on the compute thread)");
+                        "activation_stash: write_threads and read_threads must be at least 1, got " +
+                            std::to_string(opt_.write_threads) + " and " + std::to_string(opt_.read_threads) +
+                            " (a stash never moves data on the compute thread)");
         if (opt_.split == split_mode::fixed) first_kept_ = opt_.first_kept_layer;
         if (opt_.split == split_mode::adaptive && opt_.tier_bandwidth < 0)
             throw std::invalid_argument("activation_stash: tier_bandwidth must be >= 0 (0 measures it)");

@@ -91,7 +91,8 @@ inline void validate_limit(const bandwidth_limit& limit, std::string_view which)
                     std::string("throttled_tier: ") + std::string(which) +
                         " rate must be a positive number of bytes per second (infinity for no limit), got " +
                         std::to_string(limit.bytes_per_second));
-    expect_argument(limit.burst_bytes > 0, std::string("throttled_tier: ") + std::string(which) + " burst_bytes must be positive");
+    expect_argument(limit.burst_bytes > 0, std::string("throttled_tier: ") + std::string(which) +
+                                               " burst_bytes must be positive, got 0");
 }
 inline void validate_throttle(const throttle_config& c) {
     validate_limit(c.read, "read");
@@ -99,7 +100,10 @@ inline void validate_throttle(const throttle_config& c) {
     if (c.scope == throttle_scope::joint) {
         expect_argument(c.read.bytes_per_second == c.write.bytes_per_second && c.read.burst_bytes == c.write.burst_bytes,
                         "throttled_tier: a joint throttle has one bucket, but the read and write limits differ "
-                        "(use throttle_config::joint(limit))");
+                        "(read " + std::to_string(c.read.bytes_per_second) + " bytes/s, burst " +
+                            std::to_string(c.read.burst_bytes) + "; write " + std::to_string(c.write.bytes_per_second) +
+                            " bytes/s, burst " + std::to_string(c.write.burst_bytes) +
+                            "; use throttle_config::joint(limit))");
     }
 }
 }  // namespace detail
