@@ -558,7 +558,8 @@ TEST_CASE("virtual_tier: many threads, mixed sizes, every blob round-trips; stat
     for (int t = 0; t < threads; ++t)
         ts.emplace_back([&, t] {
             for (int k = 0; k < per; ++k) {
-                auto key = std::string("t") + std::to_string(t) + "-" + std::to_string(k);
+                std::string key = "t";
+                key.append(std::to_string(t)).append("-").append(std::to_string(k));
                 auto data = random_bytes(1 + static_cast<std::size_t>(t * 977 + k * 131), static_cast<std::uint64_t>(t * 100 + k));
                 vt.write(key, data).wait();
                 std::vector<std::byte> back(data.size());
