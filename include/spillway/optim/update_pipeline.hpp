@@ -44,7 +44,8 @@
 //   updates the caller's params in place, and everything above holds with "the state"
 //   meaning those params plus m and v. A save holds params, m and v either way, so a save
 //   restores into a pipeline of either kind; a refused save leaves the caller's params as
-//   they were.
+//   they were (every file is checked before they change; a tier that fails while restore()
+//   writes m and v to it may leave them partly restored: restore again once it works).
 // - The pipeline holds the tier by reference (the caller keeps it alive and does not touch
 //   the pipeline's keys); the destructor erases the pipeline's blobs.
 // - Not thread-safe: one thread drives a pipeline; the tier and the thread pool may be shared.
