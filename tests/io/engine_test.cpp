@@ -275,6 +275,16 @@ TEST_CASE_TEMPLATE("engine errors name the call, the label, the size, the offset
         inject = false;
         CHECK(engine->counters().failures == 1);
     }
+    SUBCASE("a request past the largest file offset is refused at once, and does not hang") {
+        // read() and write() throw from submit(); the handle they made must not wait, as
+        // the exception unwinds, for a completion that will never come.
+        std::vector<std::byte> back(4096);
+        CHECK_THROWS_WITH_AS(engine->read(f.fd, back, UINT64_MAX - 100, "far-away"),
+                             doctest::Contains("far-away: read of 4096 bytes at offset 18446744073709551515 runs past "
+                                               "the largest file offset"),
+                             std::invalid_argument);
+        CHECK_THROWS_AS(engine->write(f.fd, data, std::uint64_t{1} << 63, "far-away"), std::invalid_argument);
+    }
     // The engine stays usable after a failed request.
     std::vector<std::byte> back(data.size());
     engine->read(f.fd, back, 0, f.path).wait();
@@ -452,3 +462,28 @@ TEST_CASE("automatic backend falls back to POSIX when seccomp forbids io_uring_s
     CHECK(WEXITSTATUS(status) == 0);
 }
 #endif
+
+TEST_CASE("a completion whose every producer copy is gone unfinished fails with ECANCELED instead of hanging") {
+    io_completion handle;
+    {
+        completion_source source;
+        handle = source.handle();
+        completion_source copy = source;  // (the engine keeps one, the caller's call another)
+    }
+    REQUIRE(handle.ready());
+    try {
+        handle.wait();
+        FAIL("an abandoned operation succeeded");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == ECANCELED);
+        CHECK(std::string(e.what()).find("abandoned") != std::string::npos);
+    }
+    // A completed source is not touched when it goes.
+    io_completion done;
+    {
+        completion_source source;
+        done = source.handle();
+        source.succeed(7);
+    }
+    CHECK(done.wait() == 7);
+}

@@ -9,17 +9,21 @@
 ///   std::async) and swallows its error: a caller that drops a handle can free its buffer
 ///   right after, with no use-after-free. Call wait() to see errors.
 /// - The producer side (completion_source) completes exactly once; completing twice is a
-///   logic error caught by an assert.
+///   logic error caught by an assert. If every copy of a source is destroyed before it
+///   completed (a producer that failed or gave up), the operation fails with
+///   std::system_error(ECANCELED) saying so: a handle never waits for a producer that is gone.
 #pragma once
 
 #include <atomic>
 #include <cassert>
+#include <cerrno>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <system_error>
 #include <utility>
 
 namespace spillway {
@@ -143,7 +147,8 @@ private:
 class completion_source {
 public:
     /// A new, unfinished operation.
-    completion_source() : state_(std::make_shared<detail::completion_state>()) {}
+    completion_source()
+        : state_(std::make_shared<detail::completion_state>()), guard_(std::make_shared<abandon_guard>(state_)) {}
     /// The consumer handle; call once.
     io_completion handle() { return io_completion(state_); }
     /// Completes the operation with `nbytes` transferred; the consumer's wait() returns it.
@@ -154,7 +159,26 @@ public:
     [[nodiscard]] bool done() const noexcept { return state_->done.load(std::memory_order_acquire); }
 
 private:
+    // Shared by the copies of one source; the last one gone fails an unfinished operation.
+    struct abandon_guard {
+        std::shared_ptr<detail::completion_state> state;
+        explicit abandon_guard(std::shared_ptr<detail::completion_state> s) : state(std::move(s)) {}
+        abandon_guard(const abandon_guard&) = delete;
+        abandon_guard& operator=(const abandon_guard&) = delete;
+        ~abandon_guard() {
+            if (state->done.load(std::memory_order_acquire)) return;
+            try {
+                state->finish(0, std::make_exception_ptr(std::system_error(
+                                     ECANCELED, std::generic_category(),
+                                     "spillway: an asynchronous operation was abandoned: its producer ended "
+                                     "without completing it")));
+            } catch (...) {
+                state->finish(0, std::current_exception());  // (the message could not be built)
+            }
+        }
+    };
     std::shared_ptr<detail::completion_state> state_;
+    std::shared_ptr<abandon_guard> guard_;
 };
 
 }  // namespace spillway

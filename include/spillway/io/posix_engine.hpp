@@ -90,15 +90,7 @@ public:
     }
 
 private:
-    io_completion start(const io_request& req) {
-        completion_source src;
-        auto handle = src.handle();
-        submit(req, [src](std::size_t n, std::exception_ptr err) mutable {
-            if (err) src.fail(std::move(err));
-            else src.succeed(n);
-        });
-        return handle;
-    }
+    io_completion start(const io_request& req) { return detail::start_request(*this, req); }
 
     void stop() noexcept {
         {

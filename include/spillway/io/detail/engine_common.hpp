@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "spillway/error.hpp"
+#include "spillway/io/completion.hpp"
 
 namespace spillway {
 
@@ -69,7 +70,8 @@ constexpr std::string_view op_name(io_op op) noexcept { return op == io_op::read
 /// A fault hook for tests: called with every raw result of a piece (bytes transferred or
 /// -errno) and the bytes that piece asked for; returns the result the engine acts on. A
 /// hook can turn a full transfer into a short one (return fewer bytes) or into -EAGAIN; the
-/// engine must then retry, exactly as for a real short transfer. Empty: no hook.
+/// engine must then retry, exactly as for a real short transfer. Empty: no hook. It runs
+/// on the engine's threads and must not throw (an exception there ends the process).
 /// (Held through a shared pointer: copying a config shares one hook.)
 class io_result_filter {
 public:
@@ -150,26 +152,32 @@ using io_callback = std::function<void(std::size_t nbytes, std::exception_ptr er
 
 namespace detail {
 
-/// The error of a failed request, built once from -errno (or a positive errno).
+/// The error of a failed request, built once from -errno (or a positive errno). Never
+/// throws (it runs on the engines' threads): if the message cannot be built, the error is
+/// the std::bad_alloc that stopped it.
 inline std::exception_ptr make_io_error(int err, std::string_view call, io_op op, std::string_view label,
                                         std::size_t nbytes, std::uint64_t offset, std::size_t piece_bytes,
-                                        std::uint64_t piece_offset, std::string_view extra = {}) {
+                                        std::uint64_t piece_offset, std::string_view extra = {}) noexcept {
     if (err < 0) err = -err;
-    std::string what(label.empty() ? std::string_view("<fd>") : label);
-    what += ": ";
-    what += op_name(op);
-    what += " of " + bytes_str(nbytes) + " at offset " + std::to_string(offset);
-    if (piece_bytes != nbytes || piece_offset != offset)
-        what += " (piece of " + bytes_str(piece_bytes) + " at offset " + std::to_string(piece_offset) + ")";
-    what += ": ";
-    what += call;
-    what += " failed";
-    if (!extra.empty()) {
-        what += " (";
-        what += extra;
-        what += ")";
+    try {
+        std::string what(label.empty() ? std::string_view("<fd>") : label);
+        what += ": ";
+        what += op_name(op);
+        what += " of " + bytes_str(nbytes) + " at offset " + std::to_string(offset);
+        if (piece_bytes != nbytes || piece_offset != offset)
+            what += " (piece of " + bytes_str(piece_bytes) + " at offset " + std::to_string(piece_offset) + ")";
+        what += ": ";
+        what += call;
+        what += " failed";
+        if (!extra.empty()) {
+            what += " (";
+            what += extra;
+            what += ")";
+        }
+        return std::make_exception_ptr(std::system_error(err, std::generic_category(), what));
+    } catch (...) {
+        return std::current_exception();
     }
-    return std::make_exception_ptr(std::system_error(err, std::generic_category(), what));
 }
 
 /// One request split into pieces: the shared bookkeeping of both engines. Guarded by the
@@ -263,6 +271,26 @@ inline void deliver(request_state& r, engine_counters& counters) noexcept {
         callback(nbytes, std::move(error));
     } catch (...) {
     }
+}
+
+/// read()/write() of an engine: its submit() with a callback that completes a handle. A
+/// submit() that throws (a request past the largest offset, memory exhaustion) fails the
+/// handle with the same error before it is rethrown, so the handle, destroyed while the
+/// exception unwinds, does not wait for a completion that will never come.
+template <class Engine>
+io_completion start_request(Engine& engine, const io_request& req) {
+    completion_source src;
+    auto handle = src.handle();
+    try {
+        engine.submit(req, [src](std::size_t n, std::exception_ptr err) mutable {
+            if (err) src.fail(std::move(err));
+            else src.succeed(n);
+        });
+    } catch (...) {
+        if (!src.done()) src.fail(std::current_exception());
+        throw;
+    }
+    return handle;
 }
 
 }  // namespace detail
