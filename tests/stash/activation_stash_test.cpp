@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -851,4 +853,123 @@ TEST_CASE("concurrent saves, loads and releases from several threads") {
     CHECK(s.bytes_deduplicated > 0);
     stash.flush();
     CHECK(tier.used() == 0);
+}
+
+namespace {
+/// A host tier whose reads take `read_delay` (a slow path): a load then waits in the stash.
+struct slow_read_tier {
+    static constexpr tier_properties properties = host_tier::properties;
+    host_tier inner;
+    std::atomic<int> read_delay_ms{0};
+    io_completion write(std::string_view k, std::span<const std::byte> b) { return inner.write(k, b); }
+    io_completion read(std::string_view k, std::span<std::byte> b) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms.load()));
+        return inner.read(k, b);
+    }
+    bool erase(std::string_view k) { return inner.erase(k); }
+    [[nodiscard]] bool contains(std::string_view k) const { return inner.contains(k); }
+    [[nodiscard]] std::optional<std::size_t> size_of(std::string_view k) const { return inner.size_of(k); }
+    [[nodiscard]] std::size_t capacity() const { return inner.capacity(); }
+    [[nodiscard]] std::size_t used() const { return inner.used(); }
+    [[nodiscard]] tier_stats stats() const { return inner.stats(); }
+    [[nodiscard]] std::string name() const { return "slow"; }
+};
+static_assert(storage_tier<slow_read_tier>);
+}  // namespace
+
+TEST_CASE("a reset() from another thread while load() waits for the read makes load() throw, not read freed memory") {
+    slow_read_tier tier;
+    activation_stash stash(tier, offload_everything());
+    const auto bytes = random_bytes(64 << 10, 31);
+    auto h = stash.save(make_desc("a", 1, {16 << 10}), bytes);
+    stash.flush();
+    stash.trim();
+    tier.read_delay_ms = 300;
+    std::string error;
+    std::thread loader([&] { error = error_of([&] { (void)stash.load(h); }); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the loader waits for its read
+    stash.reset();
+    loader.join();
+    CHECK(contains(error, "activation_stash::load: unknown handle of tensor 'a'"));
+    CHECK(contains(error, "reset"));
+    CHECK(tier.used() == 0);
+}
+
+TEST_CASE("a load waits for a prefetch read that holds the budget instead of refusing") {
+    // One tensor's room: backward asks for a, while prefetch already reads b (the newest)
+    // into that room. b becomes droppable once read; load(a) must wait for that, not throw
+    // length_error ("held by loaded tensors": nothing was loaded).
+    host_tier tier;
+    stash_options o = offload_everything();
+    const std::size_t n = 256 << 10;
+    o.memory_budget = n;
+    activation_stash stash(tier, o);
+    const auto a = random_bytes(n, 32), b = random_bytes(n, 33);
+    auto ha = stash.save(make_desc("a", 1, {static_cast<std::int64_t>(n / 4)}), a);
+    auto hb = stash.save(make_desc("b", 2, {static_cast<std::int64_t>(n / 4)}), b);
+    stash.flush();
+    stash.trim();
+    CHECK(same_bytes(stash.load(ha), a));
+    stash.release(ha);
+    CHECK(same_bytes(stash.load(hb), b));
+    stash.release(hb);
+    CHECK(stash.stats().resident_bytes <= n);
+}
+
+TEST_CASE("the bandwidth probe stays within the budget and leaves nothing on the tier when it fails") {
+    faulty_tier<host_tier> tier;
+    stash_options o;  // adaptive, bandwidth 0: the profiling step's backward probes the tier
+    o.keep_below_bytes = 0;
+    o.memory_budget = 1 << 20;
+    o.probe_bytes = 64 << 20;  // larger than the budget: the probe uses the room left
+    const auto bytes = random_bytes(256 << 10, 34);
+    {
+        activation_stash stash(tier, o);
+        auto h = stash.save(make_desc("a", 1, {64 << 10}), bytes);
+        stash.flush();
+        tier.fail_nth(fault_op::read, 1, EIO);  // the probe's first read
+        const std::string error = error_of([&] { stash.start_backward(); });
+        CHECK(contains(error, "measuring the bandwidth of tier"));
+        CHECK(contains(error, "EIO"));
+        CHECK_FALSE(tier.contains("act-" + std::to_string(1) + "-probe"));
+        CHECK(tier.inner().used() == bytes.size());  // the tensor's blob alone
+        stash.release(h);
+        stash.reset();
+        CHECK(tier.inner().used() == 0);  // nothing left: no probe blob, no tensor
+    }
+    {
+        activation_stash stash(tier, o);
+        auto h = stash.save(make_desc("b", 2, {64 << 10}), bytes);
+        stash.flush();
+        stash.start_backward();  // probes with at most the budget's free room
+        CHECK(stash.stats().resident_bytes <= o.memory_budget);
+        CHECK(same_bytes(stash.load(h), bytes));
+        stash.release(h);
+    }
+    CHECK(tier.inner().used() == 0);
+}
+
+TEST_CASE("a key_prefix too long for the keys made from it is refused at construction, naming it") {
+    host_tier tier;
+    stash_options o = offload_everything();
+    o.key_prefix = std::string(201, 'k');
+    CHECK_THROWS_WITH_AS(activation_stash(tier, o), doctest::Contains("is longer than 200 bytes (201)"),
+                         std::invalid_argument);
+    o.key_prefix = std::string(200, 'k');
+    activation_stash stash(tier, o);  // the longest prefix: its keys fit
+    const auto bytes = random_bytes(4096, 35);
+    auto h = stash.save(make_desc("a", 1, {1024}), bytes);
+    stash.flush();
+    CHECK(same_bytes(stash.load(h), bytes));
+    stash.release(h);
+}
+
+TEST_CASE("extent_bytes refuses a shape whose extent overflows, without signed overflow on the way") {
+    // 2 x 2^62 bytes is representable (2^63); 4 x 2^62 is not. The strides on the way
+    // multiply past INT64_MAX for the second and saturate there.
+    CHECK(extent_bytes(make_desc("big", 1, {2, std::int64_t{1} << 62}, dtype::u8)) == std::size_t{1} << 63);
+    tensor_desc d = make_desc("huge", 1, {4, std::int64_t{1} << 62}, dtype::u8);
+    CHECK_THROWS_AS((void)extent_bytes(d), std::invalid_argument);
+    CHECK(contiguous_strides({2, std::int64_t{1} << 62, 3}) ==
+          std::vector<std::int64_t>{std::numeric_limits<std::int64_t>::max(), 3, 1});
 }

@@ -151,10 +151,12 @@ struct stash_options {
     /// Only split_mode::adaptive reads it; a negative value is std::invalid_argument at
     /// construction.
     double tier_bandwidth = 0;
-    /// Size in bytes of the probe blob written and read back when tier_bandwidth is 0
-    /// (at least 4 KiB is used). The probe runs when a profiling step's backward
-    /// begins, under the key "<key_prefix>-<stash serial>-probe", erased afterwards; a
-    /// failed probe throws the tier's error naming the tier and the probe size. Default 16 MiB.
+    /// Size in bytes of the probe blob written and read back when tier_bandwidth is 0. Its
+    /// buffer counts against memory_budget: at most the room the budget has left when the
+    /// probe runs is used (whole 4 KiB blocks; at least 4 KiB). The probe runs when a
+    /// profiling step's backward begins, under the key "<key_prefix>-<stash serial>-probe",
+    /// erased afterwards, also when it failed; a failed probe throws the tier's error naming
+    /// the tier and the probe size. Default 16 MiB.
     std::size_t probe_bytes = std::size_t{16} << 20;
     /// Offloading layers ahead of the current backward layer that prefetch always brings
     /// back (more when memory the step already used is free; see step 4).
@@ -316,6 +318,10 @@ public:
     explicit activation_stash(Tier& tier, stash_options options = {})
         : tier_(tier), opt_(std::move(options)), serial_(++detail::stash_serial_counter()) {
         validate_key(opt_.key_prefix, "activation_stash: key_prefix");
+        expect_argument(opt_.key_prefix.size() <= 200,
+                        "activation_stash: key_prefix " + quoted(opt_.key_prefix) + " is longer than 200 bytes (" +
+                            std::to_string(opt_.key_prefix.size()) +
+                            "): its keys \"<key_prefix>-<serial>-<n>\" must fit a tier's 255-byte limit");
         expect_argument(opt_.write_threads >= 1 && opt_.read_threads >= 1,
                         "activation_stash: write_threads and read_threads must be at least 1, got " +
                             std::to_string(opt_.write_threads) + " and " + std::to_string(opt_.read_threads) +
@@ -414,12 +420,18 @@ public:
     /// the budget is held entirely by loaded tensors not yet released.
     [[nodiscard]] std::span<const std::byte> load(const stash_handle& handle) {
         std::unique_lock lock(mutex_);
-        entry& e = entry_of(handle, "load");
-        enter_backward(lock);
-        if (e.step == step_ && e.position < backward_position_) backward_position_ = e.position;
+        (void)entry_of(handle, "load");  // a misused handle throws before anything starts
+        enter_backward(lock);            // (may unlock: the probe)
+        {
+            entry& e = entry_of(handle, "load");
+            if (e.step == step_ && e.position < backward_position_) backward_position_ = e.position;
+        }
         prefetch();
         std::optional<clock::time_point> waited_since;
         for (;;) {
+            // Looked up again after every wait: a reset() from another thread meanwhile drops
+            // the entry, and the lookup then throws (unknown handle) instead of reading it.
+            entry& e = entry_of(handle, "load");
             switch (e.state) {
                 case entry_state::queued:
                     cancel_write(e);
@@ -445,20 +457,25 @@ public:
                         start_read(e, reserved::no);
                         continue;
                     }
-                    if (!make_room(lock, charge_of(e.nbytes))) {
-                        if (e.state != entry_state::offloaded) continue;  // a prefetch read it meanwhile
-                        throw std::length_error(
-                            "activation_stash: loading " + e.label() + " (" + bytes_str(e.nbytes) +
-                            ") would exceed the memory budget of " + bytes_str(opt_.memory_budget) +
-                            (charge_of(e.nbytes) > opt_.memory_budget
-                                 ? std::string(": the tensor alone is larger; raise the budget")
-                                 : ": " + bytes_str(resident_) +
-                                       " are held by loaded tensors not yet released; release tensors once "
-                                       "backward used them, or raise the budget"));
+                    {
+                        const std::size_t nbytes = e.nbytes;
+                        const bool room = make_room(lock, charge_of(nbytes));  // (may wait)
+                        entry& again = entry_of(handle, "load");
+                        if (!room) {
+                            if (again.state != entry_state::offloaded) continue;  // a prefetch read it meanwhile
+                            throw std::length_error(
+                                "activation_stash: loading " + again.label() + " (" + bytes_str(nbytes) +
+                                ") would exceed the memory budget of " + bytes_str(opt_.memory_budget) +
+                                (charge_of(nbytes) > opt_.memory_budget
+                                     ? std::string(": the tensor alone is larger; raise the budget")
+                                     : ": " + bytes_str(resident_) +
+                                           " are held by loaded tensors not yet released; release tensors once "
+                                           "backward used them, or raise the budget"));
+                        }
+                        account(charge_of(nbytes));
+                        if (again.state == entry_state::offloaded) start_read(again, reserved::yes);
+                        else resident_ -= charge_of(nbytes);  // someone else started it meanwhile
                     }
-                    account(charge_of(e.nbytes));
-                    if (e.state == entry_state::offloaded) start_read(e, reserved::yes);
-                    else resident_ -= charge_of(e.nbytes);  // someone else started it meanwhile
                     continue;
                 case entry_state::reading:
                     break;
@@ -939,7 +956,11 @@ private:
     // Writes and reads back probe_bytes; the slower direction's bytes per second.
     double probe_bandwidth(std::unique_lock<std::mutex>& lock) {
         std::string key = opt_.key_prefix + "-" + std::to_string(serial_) + "-probe";
-        std::size_t n = std::max<std::size_t>(opt_.probe_bytes, 4096);
+        // The probe's buffer counts against the budget like any other: at most the room left
+        // (whole 4 KiB blocks; 4 KiB however full the budget is).
+        const std::size_t room = opt_.memory_budget > resident_ ? opt_.memory_budget - resident_ : 0;
+        const std::size_t n = std::max<std::size_t>(std::min(opt_.probe_bytes, room) / 4096 * 4096, 4096);
+        resident_ += n;
         lock.unlock();
         double bw = 0;
         try {
@@ -957,13 +978,16 @@ private:
             }
             erase_blob(key);
         } catch (...) {
+            erase_blob(key);  // (noexcept; the tier's error below says what failed)
             lock.lock();
+            resident_ -= n;
             std::rethrow_exception(detail::with_context(
                 std::current_exception(), "activation_stash: measuring the bandwidth of tier " +
                                               quoted(std::string(tier_.name())) + " with a probe of " + bytes_str(n) +
                                               " failed (set stash_options::tier_bandwidth to skip the probe)"));
         }
         lock.lock();
+        resident_ -= n;
         return bw;
     }
 
@@ -1093,6 +1117,12 @@ private:
             bool writes_will_free = false;
             for (auto& [id, p] : entries_) {
                 entry& e = *p;
+                if (e.state == entry_state::reading) {
+                    // A read in flight (a prefetch) is charged already; once fetched it is a
+                    // drop candidate, unless a load pins it (then the next pass says no).
+                    writes_will_free = true;
+                    continue;
+                }
                 if (!e.buffer.data()) continue;
                 if (e.refs == 0 && e.state == entry_state::writing) {
                     writes_will_free = true;  // released while written (loaded or not): its end frees it

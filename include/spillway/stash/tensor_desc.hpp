@@ -144,13 +144,15 @@ inline std::string describe(const tensor_desc& d) {
 
 /// Row-major (C order) strides for `shape`, in elements: the last dimension has stride 1
 /// and each other the product of the extents after it; extents of 0 or below count as 1,
-/// so the result is defined for any shape. Empty for a scalar.
+/// so the result is defined for any shape. Empty for a scalar. A product past INT64_MAX
+/// saturates there (no signed overflow); extent_bytes() refuses such a tensor.
 inline std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
     std::vector<std::int64_t> s(shape.size());
     std::int64_t acc = 1;
     for (std::size_t i = shape.size(); i-- > 0;) {
         s[i] = acc;
-        acc *= shape[i] > 0 ? shape[i] : 1;
+        const std::int64_t n = shape[i] > 0 ? shape[i] : 1;
+        acc = acc > std::numeric_limits<std::int64_t>::max() / n ? std::numeric_limits<std::int64_t>::max() : acc * n;
     }
     return s;
 }
