@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numbers>
 #include <stdexcept>
@@ -151,6 +152,17 @@ void gpt2_config::validate() const {
     if (vocab_size > 65536)
         throw std::invalid_argument("vocab_size " + std::to_string(vocab_size) +
                                     " does not fit uint16 token files (at most 65536)");
+    // The parameter count, in double (32-bit fields can ask for more than 2^64 floats, which
+    // would wrap to a small count in 64-bit integers; a double holds the bound check exactly
+    // enough): at most 2^38 floats (1 TiB).
+    const double C = channels, L = num_layers;
+    const double total = padded_vocab_size * C + max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+    if (total > 0x1p38) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.3g", total);
+        throw std::invalid_argument(std::string("the config asks for ") + buf +
+                                    " parameters, more than the 2^38 (1 TiB of fp32) this trainer takes");
+    }
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 namespace mini_gpt {
@@ -27,7 +28,9 @@ std::int32_t header_field(const std::vector<std::byte>& file, std::size_t i) {
 }  // namespace
 
 std::vector<std::byte> read_file(const std::filesystem::path& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO under the name opens at once (and is refused below) instead of
+    // waiting for a writer; it changes nothing for a regular file.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -137,6 +140,14 @@ checkpoint read_checkpoint(const std::filesystem::path& path) {
                        std::to_string(want));
     ck.params.resize(layout.total);
     std::memcpy(ck.params.data(), file.data() + header_bytes, layout.total * sizeof(float));
+    // A NaN or inf parameter makes every loss NaN and every step skip: refused here, named.
+    for (std::size_t i = 0; i < ck.params.size(); ++i)
+        if (!std::isfinite(ck.params[i])) {
+            int kind = 0;
+            while (kind + 1 < num_param_tensors && layout.llmc_offsets[static_cast<std::size_t>(kind) + 1] <= i) ++kind;
+            fail(path, "parameter " + std::to_string(i) + " (in " + param_names[static_cast<std::size_t>(kind)] +
+                           ") is " + (std::isnan(ck.params[i]) ? "NaN" : "infinite"));
+        }
     return ck;
 }
 

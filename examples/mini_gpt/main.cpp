@@ -2,6 +2,7 @@
 // input (a one-line message naming the file or flag and the problem), 1 on other failures.
 #include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
         return fail(2, "error", e.what());
     } catch (const std::invalid_argument& e) {
         return fail(2, "error", e.what());
+    } catch (const std::bad_alloc&) {
+        return fail(1, "failed", "out of memory: the model, the batch or the buffers asked for more than this "
+                                 "machine gives (std::bad_alloc)");
     } catch (const std::exception& e) {
         return fail(1, "failed", e.what());
     }

@@ -237,6 +237,15 @@ train_state read_state(const std::filesystem::path& path) {
     if (magic != state_magic) throw input_error(path.string() + ": bad magic (not a mini_gpt train.state)");
     train_state s;
     std::memcpy(&s, b.data() + sizeof magic, sizeof s);
+    // Every field in range, or the file is refused by name (a negative step read the corpus
+    // before its start; a loss scale of 0 divided by it).
+    auto bad = [&](const std::string& what) { throw input_error(path.string() + ": corrupted state: " + what); };
+    if (s.next_step < 1) bad("next step " + std::to_string(s.next_step) + " (a save follows at least one step)");
+    if (s.adam_steps < 0 || s.adam_steps > s.next_step)
+        bad(std::to_string(s.adam_steps) + " AdamW steps after " + std::to_string(s.next_step) + " steps");
+    if (!(std::isfinite(s.loss_scale) && s.loss_scale >= 1.0f))
+        bad("loss scale " + std::to_string(s.loss_scale) + " (finite and at least 1)");
+    if (s.good_steps < 0 || s.good_steps > s.next_step) bad("good-step count " + std::to_string(s.good_steps));
     return s;
 }
 
@@ -314,14 +323,26 @@ Usage: mini_gpt [flags]
 
 options parse_options(const std::vector<std::string>& args) {
     options o;
+    std::string shape_flag;  // the last of --layers, --channels, --heads, --vocab, --max-seq given
     for (std::size_t i = 0; i < args.size(); ++i) {
         const std::string& a = args[i];
         auto value = [&]() -> const std::string& {
             if (i + 1 >= args.size()) bad_flag(a, "needs a value");
             return args[++i];
         };
-        if (a == "--model") o.model = value();
-        else if (a == "--data") o.data = value();
+        // The model's shape comes from --model's header when one is given: a shape flag beside
+        // it would be ignored, so it is refused (after the loop).
+        if (a == "--layers" || a == "--channels" || a == "--heads" || a == "--vocab" || a == "--max-seq")
+            shape_flag = a;
+        // A flag that names a file or a directory: an empty value is refused (it would
+        // silently mean "none").
+        auto path_value = [&]() -> const std::string& {
+            const std::string& v = value();
+            if (v.empty()) bad_flag(a, "empty path");
+            return v;
+        };
+        if (a == "--model") o.model = path_value();
+        else if (a == "--data") o.data = path_value();
         else if (a == "--batch") o.batch = static_cast<int>(parse_int(a, value(), 1, 1 << 20));
         else if (a == "--seq") o.seq = static_cast<int>(parse_int(a, value(), 1, 1 << 20));
         else if (a == "--steps") o.steps = static_cast<int>(parse_int(a, value(), 0, 1 << 30));
@@ -332,7 +353,7 @@ options parse_options(const std::vector<std::string>& args) {
         else if (a == "--wd") o.weight_decay = parse_float(a, value());
         else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value(), 0, INT64_MAX));
         else if (a == "--threads") o.threads = static_cast<int>(parse_int(a, value(), 1, 1024));
-        else if (a == "--save-model") o.save_model = value();
+        else if (a == "--save-model") o.save_model = path_value();
         else if (a == "--grad-dtype") {
             const std::string& v = value();
             if (v == "fp32") o.grads = grad_dtype::fp32;
@@ -346,8 +367,8 @@ options parse_options(const std::vector<std::string>& args) {
             else if (v == "activations") o.offload = offload_mode::activations;
             else if (v == "all") o.offload = offload_mode::all;
             else bad_flag(a, "expected none, optimizer, activations or all, got '" + v + "'");
-        } else if (a == "--path") o.paths.emplace_back(value());
-        else if (a == "--lock-dir") o.lock_dir = value();
+        } else if (a == "--path") o.paths.emplace_back(path_value());
+        else if (a == "--lock-dir") o.lock_dir = path_value();
         else if (a == "--act-budget")
             o.act_budget_mib = static_cast<std::size_t>(parse_int(a, value(), 0, std::int64_t{1} << 40));
         else if (a == "--act-split") {
@@ -356,8 +377,9 @@ options parse_options(const std::vector<std::string>& args) {
             else if (v == "offload") o.act_split = 1 << 30;
             else o.act_split = static_cast<int>(parse_int(a, v, 0, 1 << 30));
         }
-        else if (a == "--subgroup") o.subgroup = static_cast<std::size_t>(parse_int(a, value(), 1, INT64_MAX));
-        else if (a == "--buffers") o.buffers = static_cast<int>(parse_int(a, value(), 3, 1 << 16));
+        else if (a == "--subgroup")  // (at least 1024: one file per subgroup on the paths)
+            o.subgroup = static_cast<std::size_t>(parse_int(a, value(), 1024, std::int64_t{1} << 40));
+        else if (a == "--buffers") o.buffers = static_cast<int>(parse_int(a, value(), 3, 4096));
         else if (a == "--order") {
             std::string v = value();
             if (v != "alternating" && v != "ascending") bad_flag(a, "must be alternating or ascending, got '" + v + "'");
@@ -365,12 +387,12 @@ options parse_options(const std::vector<std::string>& args) {
         } else if (a == "--update-under-forward") o.update_under_forward = on_off(a, value());
         else if (a == "--update-under-backward") o.update_under_backward = on_off(a, value());
         else if (a == "--act-recompute") o.act_recompute = on_off(a, value());
-        else if (a == "--save") o.save_dir = value();
+        else if (a == "--save") o.save_dir = path_value();
         else if (a == "--save-every") o.save_every = static_cast<int>(parse_int(a, value(), 1, 1 << 30));
-        else if (a == "--resume") o.resume_dir = value();
+        else if (a == "--resume") o.resume_dir = path_value();
         else if (a == "--json") o.json = true;
         else if (a == "--quiet") o.quiet = true;
-        else if (a == "--trace") o.trace = value();
+        else if (a == "--trace") o.trace = path_value();
         else if (a == "--layers") o.layers = static_cast<int>(parse_int(a, value(), 1, 1024));
         else if (a == "--channels") o.channels = static_cast<int>(parse_int(a, value(), 1, 1 << 16));
         else if (a == "--heads") o.heads = static_cast<int>(parse_int(a, value(), 1, 1 << 16));
@@ -380,9 +402,17 @@ options parse_options(const std::vector<std::string>& args) {
             o.corpus_bytes = static_cast<std::size_t>(parse_int(a, value(), 1024, INT64_MAX));
         else bad_flag(a, "unknown flag (see --help)");
     }
+    if (!o.model.empty() && !shape_flag.empty())
+        bad_flag(shape_flag, "the model's shape comes from --model " + o.model.string() + " (its header); drop " +
+                                 shape_flag);
     if (o.model.empty() && o.channels % o.heads != 0)
         throw input_error("--channels " + std::to_string(o.channels) + " is not divisible by --heads " +
                           std::to_string(o.heads));
+    // AdamW's settings, checked now rather than at the first update (which --steps 0 never
+    // reaches): beta1 and beta2 below 1, eps above 0.
+    if (!(o.beta1 < 1.0f)) bad_flag("--beta1", "must be below 1, got " + std::to_string(o.beta1));
+    if (!(o.beta2 < 1.0f)) bad_flag("--beta2", "must be below 1, got " + std::to_string(o.beta2));
+    if (!(o.eps > 0.0f)) bad_flag("--eps", "must be above 0, got " + std::to_string(o.eps));
     return o;
 }
 
@@ -425,6 +455,8 @@ void ensure_writable_dir(const std::filesystem::path& dir, const char* flag) {
 void ensure_writable_file(const std::filesystem::path& path, const char* flag) {
     auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
     std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw input_error(path.string() + ": " + flag + " names a directory; give a file name");
     if (!std::filesystem::is_directory(dir, ec))
         throw input_error(path.string() + ": " + flag + " cannot be written: " + dir.string() +
                           " is not a directory");
@@ -625,7 +657,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         auto latest_file = opt.resume_dir / "latest";
         auto latest = read_file(latest_file);
         std::string name(reinterpret_cast<const char*>(latest.data()), latest.size());
-        if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
+        while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();  // (edited by hand)
+        if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos ||
+            name.find_first_of(std::string("\0\n", 2)) != std::string::npos)
             throw input_error(latest_file.string() + ": does not name a save folder");
         auto dir = opt.resume_dir / name;
         checkpoint ck = read_checkpoint(dir / "model.bin");
@@ -633,6 +667,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             throw input_error((dir / "model.bin").string() + ": the saved model's config differs from this run's");
         model.load_llmc_params(ck.params);
         state = read_state(dir / "train.state");
+        if (state.next_step > opt.steps)
+            throw input_error("--steps " + std::to_string(opt.steps) + ": the save " + dir.string() +
+                              " is already at step " + std::to_string(state.next_step) + "; ask for more steps");
         if (!std::filesystem::is_directory(dir / shard_name))
             throw input_error((dir / shard_name).string() + ": missing (was the save made with another number of ranks?)");
         optim->load(dir / shard_name, model.params().subspan(lo, hi - lo));

@@ -443,6 +443,10 @@ TEST_CASE("validation names the field and its value and changes nothing") {
     CHECK_THROWS_WITH_AS(step({}, {.step = -3}), doctest::Contains("step = -3"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(step({}, {.grad_scale = 0.0f}), doctest::Contains("grad_scale = 0"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(step({}, {.grad_scale = -2.0f}), doctest::Contains("grad_scale = -2"), std::invalid_argument);
+    // A scale so small that 1/grad_scale is inf in float would turn every parameter into NaN
+    // while the step reports success (the step multiplies by clip_coef / grad_scale).
+    CHECK_THROWS_WITH_AS(step({}, {.grad_scale = 1e-39f}), doctest::Contains("at least 1/FLT_MAX"),
+                         std::invalid_argument);
     CHECK_THROWS_WITH_AS(step({}, {.clip_coef = nan}), doctest::Contains("clip_coef = nan"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(step({}, {.clip_coef = -1.0f}), doctest::Contains("clip_coef = -1"), std::invalid_argument);
 

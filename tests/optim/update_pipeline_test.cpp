@@ -486,7 +486,7 @@ TEST_CASE("lazy hand-over: backward checks the gradients, update() skips the che
         CHECK_THROWS_WITH_AS(pipe.hand_over_gradients(std::span<const float16>(g).first(10)),
                              doctest::Contains(grads_size.c_str()), std::invalid_argument);
         CHECK_THROWS_WITH_AS(pipe.hand_over_gradients(g, update_args{.grad_scale = 0.0f}),
-                             doctest::Contains("grad_scale must be finite and > 0, got 0"), std::invalid_argument);
+                             doctest::Contains("grad_scale must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39), got 0"), std::invalid_argument);
     }
 }
 
@@ -1322,7 +1322,7 @@ TEST_CASE("bad configurations and arguments are refused up front") {
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(p.update(g, short_copy), doctest::Contains(copy_size.c_str()), std::invalid_argument);
     CHECK_THROWS_WITH_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}),
-                         doctest::Contains("grad_scale must be finite and > 0, got 0"), std::invalid_argument);
+                         doctest::Contains("grad_scale must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39), got 0"), std::invalid_argument);
     CHECK(p.prefetched_count() == 0);  // refused before any read was issued
     // A second pipeline with the same keys on the same tier is refused.
     CHECK_THROWS_WITH_AS((update_pipeline<host_tier, float16>(tier, cfg, init)),

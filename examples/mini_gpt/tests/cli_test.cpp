@@ -6,9 +6,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -190,6 +192,57 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
                                "off"}),
                        {"--act-budget", "9.0 MiB", "is below"});
         expect_refused(run(d, {"--resume", (d / "nosave").string()}), {"nosave", "latest"});
+        // An empty path would silently mean "none".
+        for (const char* flag : {"--model", "--data", "--save", "--save-model", "--resume", "--trace", "--path", "--lock-dir"})
+            expect_refused(run(d, {flag, ""}), {flag, "empty path"});
+        // AdamW's settings are checked before training, even with --steps 0.
+        expect_refused(run(d, {"--steps", "0", "--beta1", "1"}), {"--beta1", "must be below 1"});
+        expect_refused(run(d, {"--steps", "0", "--beta2", "2"}), {"--beta2", "must be below 1"});
+        expect_refused(run(d, {"--steps", "0", "--eps", "0"}), {"--eps", "must be above 0"});
+        expect_refused(run(d, {"--subgroup", "1"}), {"--subgroup", "outside [1024"});
+        // The shape of a model from --model is its header's: a shape flag beside it is refused.
+        expect_refused(run(d, {"--model", good.string(), "--channels", "64"}), {"--channels", "comes from --model"});
+        // --save-model naming a directory fails before training, not after it.
+        std::filesystem::create_directories(d / "adir");
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", (d / "adir").string()}),
+                       {"adir", "--save-model names a directory"});
+    }
+    SUBCASE("a corrupted train.state, and a save already past --steps") {
+        const auto saves = d / "s";
+        REQUIRE(run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--save", saves.string(), "--save-every", "1"})
+                    .status == 0);
+        std::string latest = slurp(saves / "latest");
+        const auto state = saves / latest / "train.state";
+        auto bytes = read_file(state);
+        const auto good_state = bytes;
+        const std::int64_t next_step = -1000;  // the field after the 8-byte magic
+        std::memcpy(bytes.data() + 8, &next_step, sizeof next_step);
+        write_bytes(state, bytes);
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "4", "--resume", saves.string()}),
+                       {"train.state", "corrupted state", "next step -1000"});
+        write_bytes(state, good_state);
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--resume", saves.string()}),
+                       {"--steps 1", "already at step 2"});
+        CHECK(run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--resume", saves.string()}).status == 0);
+    }
+    SUBCASE("headers whose sizes overflow, non-finite parameters, a FIFO") {
+        // channels 2^30 and a padded vocabulary near 2^31: the parameter count wraps to 0 in
+        // 64 bits, so a header-only file would pass the size check.
+        auto huge = ck;
+        const std::int32_t fields[] = {2147483647, 256, 1, 1, 1 << 30, 2147483634};  // maxT, V, L, NH, C, Vp
+        std::memcpy(huge.data() + 2 * sizeof(std::int32_t), fields, sizeof fields);
+        huge.resize(256 * sizeof(std::int32_t));
+        write_bytes(d / "huge.bin", huge);
+        expect_refused(run(d, {"--model", (d / "huge.bin").string(), "--steps", "0"}),
+                       {"huge.bin", "more than the 2^38"});
+        auto nan = ck;
+        const float not_a_number = std::nanf("");
+        std::memcpy(nan.data() + 256 * sizeof(std::int32_t) + 5 * sizeof(float), &not_a_number, sizeof not_a_number);
+        write_bytes(d / "nan.bin", nan);
+        expect_refused(run(d, {"--model", (d / "nan.bin").string()}), {"nan.bin", "parameter 5 (in wte) is NaN"});
+        REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
+        expect_refused(run(d, {"--model", (d / "fifo").string()}), {"fifo", "not a regular file"});
+        expect_refused(run(d, {"--data", (d / "fifo").string()}), {"fifo", "not a regular file"});
     }
 }
 

@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -98,6 +99,19 @@ template <class T>
     throw std::invalid_argument(std::string("spillway::") + where + ": " + field + " = " + format_value(value) +
                                 " is invalid (" + rule + ")");
 }
+/// Whether `x` is finite, read from its bits: the overflow checks hold in a caller's
+/// translation unit compiled with -ffast-math or -ffinite-math-only, where std::isfinite
+/// may be folded to true.
+inline bool finite_bits(double x) noexcept {
+    return (std::bit_cast<std::uint64_t>(x) & 0x7ff0000000000000ull) != 0x7ff0000000000000ull;
+}
+/// A loss scale the step can divide by: finite, > 0, and 1/grad_scale finite in float (the
+/// step multiplies by clip_coef / grad_scale; below about 2.9e-39 that is inf, and every
+/// parameter would become NaN while the step reports success).
+inline bool usable_grad_scale(float grad_scale) noexcept {
+    return finite_bits(grad_scale) && grad_scale > 0 && finite_bits(1.0f / grad_scale);
+}
+inline constexpr const char* grad_scale_rule = "must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39)";
 }  // namespace detail
 
 /// Throws std::invalid_argument naming the field and its value unless: lr >= 0, 0 <= beta1 < 1,
@@ -117,8 +131,7 @@ inline void validate(const adamw_config& c) {
 inline void validate(const adamw_step_args& a) {
     const char* w = "adamw_step_args";
     if (a.step < 1) detail::bad_value(w, "step", a.step, "must be >= 1 (1-based)");
-    if (!(std::isfinite(a.grad_scale) && a.grad_scale > 0))
-        detail::bad_value(w, "grad_scale", a.grad_scale, "must be finite and > 0");
+    if (!detail::usable_grad_scale(a.grad_scale)) detail::bad_value(w, "grad_scale", a.grad_scale, detail::grad_scale_rule);
     if (!(std::isfinite(a.clip_coef) && a.clip_coef >= 0))
         detail::bad_value(w, "clip_coef", a.clip_coef, "must be finite and >= 0");
     if (a.check != grad_check::scan && a.check != grad_check::caller_verified)
@@ -272,8 +285,8 @@ double grad_sum_squares_at(simd_level level, const Grad* g, std::size_t n, float
 template <class Grad>
 double grad_sum_squares(std::span<const Grad> grads, float grad_scale = 1.0f, thread_pool* pool = nullptr) {
     static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "grad_sum_squares: Grad must be float, float16 or bfloat16");
-    if (!(std::isfinite(grad_scale) && grad_scale > 0))
-        detail::bad_value("grad_sum_squares", "grad_scale", grad_scale, "must be finite and > 0");
+    if (!detail::usable_grad_scale(grad_scale))
+        detail::bad_value("grad_sum_squares", "grad_scale", grad_scale, detail::grad_scale_rule);
     thread_pool& tp = pool ? *pool : thread_pool::shared_pool();
     return detail::grad_sum_squares_at(detail::best_simd_level(), grads.data(), grads.size(), grad_scale, tp);
 }
@@ -285,8 +298,8 @@ double grad_sum_squares(std::span<const Grad> grads, float grad_scale = 1.0f, th
 inline float clip_coefficient(double total_sum_squares, double max_norm) {
     if (!(std::isfinite(max_norm) && max_norm > 0))
         detail::bad_value("clip_coefficient", "max_norm", max_norm, "must be finite and > 0");
+    if (!detail::finite_bits(total_sum_squares)) return std::numeric_limits<float>::quiet_NaN();
     double norm = std::sqrt(total_sum_squares);
-    if (!std::isfinite(norm)) return std::numeric_limits<float>::quiet_NaN();
     return static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
 }
 

@@ -24,7 +24,11 @@
 //   subgroup as it takes it instead, so it cannot skip: an inf/NaN gradient throws
 //   gradient_overflow_error naming the subgroup, the ones before it holding the new step.
 // - Clipping: with max_grad_norm > 0 the gradients are scaled by clip_coefficient(total,
-//   max_grad_norm) (torch's clip_grad_norm_ over all parameters).
+//   max_grad_norm) (torch's clip_grad_norm_ over all parameters), where total is the sum, in
+//   subgroup order, of grad_sum_squares over each subgroup's span: an in-memory step that
+//   sums the same way gets the same bits (one grad_sum_squares over the whole array adds in
+//   another order and may differ in the last bit of the norm).
+// - The overflow checks read the sums' bits, so they hold in code compiled with -ffast-math.
 // - Faults: a tier error is rethrown as std::system_error (same errno; other exceptions as
 //   std::runtime_error) whose message names the subgroup, its key and the tier. No state
 //   is lost: every subgroup's newest state is either on the tier or in a host buffer, and
@@ -423,7 +427,7 @@ public:
         handover_.for_step = steps_ + 1;
         handover_.grads = grads.data();
         handover_.grad_count = grads.size();
-        if (opts_.gradients == gradient_path::fp32_on_tier && std::isfinite(handover_.sum_squares)) write_fp32_grads(grads);
+        if (opts_.gradients == gradient_path::fp32_on_tier && detail::finite_bits(handover_.sum_squares)) write_fp32_grads(grads);
         handover_.valid = true;
         handover_.seconds = seconds_since(t0);
         return handover_.sum_squares;
@@ -971,7 +975,7 @@ private:
         stats_.handover_seconds = handover_.seconds;  // 0 when update() checked the gradients itself
         stats_.handover_bytes_written = handover_.bytes;
         stats_.grad_norm = std::sqrt(handover_.sum_squares);
-        if (!std::isfinite(handover_.sum_squares)) {
+        if (!detail::finite_bits(handover_.sum_squares)) {
             stats_.result = step_result::skipped_overflow;
             stats_.seconds = seconds_since(t0);
             return step_result::skipped_overflow;  // step 1: nothing touched
@@ -1098,7 +1102,7 @@ private:
         auto t1 = clock::now();
         const double squares = grad_sum_squares<Grad>(grads.subspan(begin, count), handover_.grad_scale, opts_.pool);
         stats_.compute_seconds += seconds_since(t1);
-        if (!std::isfinite(squares))
+        if (!detail::finite_bits(squares))
             throw gradient_overflow_error("update_pipeline: a gradient of subgroup " + std::to_string(s) + " (params [" +
                                               std::to_string(begin) + ", " + std::to_string(begin + count) +
                                               ")) is inf or NaN in a streamed update of step " +
@@ -1522,8 +1526,9 @@ private:
     [[nodiscard]] std::size_t saved_blob_bytes(std::size_t s) const noexcept { return 3 * sizeof(float) * subgroup_elements(s); }
 
     static void check_grad_scale(float grad_scale) {
-        expect_argument(std::isfinite(grad_scale) && grad_scale > 0,
-                        "update_pipeline: grad_scale must be finite and > 0, got " + std::to_string(grad_scale));
+        expect_argument(detail::usable_grad_scale(grad_scale), "update_pipeline: grad_scale " +
+                                                                   std::string(detail::grad_scale_rule) + ", got " +
+                                                                   detail::format_value(grad_scale));
     }
 
     // `poll`: top the I/O windows up between subgroups (reads started before the check).
