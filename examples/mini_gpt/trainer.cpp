@@ -298,7 +298,7 @@ Usage: mini_gpt [flags]
                       instead of offloading them (default on: 7 of a layer's 16 (B,T,C)
                       floats per position and the attention probabilities; the same bits
                       either way)
-  --subgroup N        parameters per optimizer subgroup (default 65536)
+  --subgroup N        parameters per optimizer subgroup (default 65536, at least 1024)
   --buffers N         host buffers of the update pipeline (default 6, at least 3)
   --update-under-forward on|off
                       run the offloaded optimizer's ascending updates under the next forward,
