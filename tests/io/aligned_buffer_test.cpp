@@ -74,6 +74,18 @@ TEST_CASE("aligned_buffer: a bad alignment is refused with its value") {
                          doctest::Contains("alignment 0 is not a power of two"), std::invalid_argument);
 }
 
+TEST_CASE("aligned_buffer and buffer_arena: a size no memory holds is std::bad_alloc, not a wrapped capacity") {
+    // Rounded up, these sizes wrapped around to a capacity of 0 or a few pages (a later write
+    // inside size() ran off the allocation).
+    constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+    CHECK_THROWS_AS(aligned_buffer(huge - 100, memory_lock::unlocked, default_alignment, buffer_fill::uninitialized),
+                    std::bad_alloc);
+    CHECK_THROWS_AS(aligned_buffer(huge - (std::size_t{1} << 20)), std::bad_alloc);
+    buffer_arena arena;
+    CHECK_THROWS_AS((void)arena.allocate(huge - (std::size_t{1} << 20)), std::bad_alloc);
+    CHECK(arena.allocate(4096).capacity() == 4096);  // still usable
+}
+
 TEST_CASE("aligned_buffer: moves hand over memory, size and the page advice") {
     aligned_buffer a(4 * MiB);
     a.bytes()[17] = std::byte{9};

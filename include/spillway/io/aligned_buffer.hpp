@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <span>
@@ -134,6 +135,9 @@ public:
         : size_(nbytes), alignment_(alignment) {
         expect_argument(alignment != 0 && (alignment & (alignment - 1)) == 0,
                         "aligned_buffer: alignment " + std::to_string(alignment) + " is not a power of two");
+        // (A size no memory holds: rounding it up would wrap around to a small capacity.)
+        if (nbytes > std::numeric_limits<std::size_t>::max() / 2 || alignment > std::numeric_limits<std::size_t>::max() / 2)
+            throw std::bad_alloc();
         capacity_ = align_up(nbytes == 0 ? 1 : nbytes, alignment);
         // Huge pages: allocate whole 2 MiB pages on a 2 MiB boundary (the tail past capacity_
         // is never handed out) and advise before the first touch, so zeroing faults them in.

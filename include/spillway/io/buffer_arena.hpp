@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -178,6 +179,8 @@ public:
     /// A buffer of `nbytes` from the arena (guarantee 1).
     /// @throws std::bad_alloc when a slab cannot be mapped
     [[nodiscard]] aligned_buffer allocate(std::size_t nbytes, buffer_fill fill = buffer_fill::zeroed) {
+        // (A size no memory holds: rounding it up to slabs would wrap around.)
+        if (nbytes > std::numeric_limits<std::size_t>::max() / 2) throw std::bad_alloc();
         const std::size_t capacity = align_up(nbytes == 0 ? 1 : nbytes);
         auto [p, advised] = state_->take(capacity);
         aligned_buffer b(p, nbytes, capacity, advised, state_, [](void* owner, std::byte* q, std::size_t cap) noexcept {
