@@ -2,7 +2,9 @@
 //
 // Guarantees:
 // - submit(fn) runs fn on one worker, FIFO; the destructor finishes every queued task, then
-//   joins (nothing submitted is dropped).
+//   joins (nothing submitted is dropped). A task must not throw: an exception leaving a task
+//   on a worker ends the process (std::terminate, as for any thread's function); with no
+//   workers the task runs on the caller and its exception reaches the caller.
 // - parallel_for(count, fn) splits [0, count) into at most 2 x (size()+1) contiguous chunks
 //   of at least `grain` items (the last may be shorter) and calls fn(begin, end) once for
 //   each; it returns when all chunks finished and rethrows the first exception a chunk threw
@@ -78,7 +80,8 @@ public:
     /// Worker threads (the caller of parallel_for() works too, so size() + 1 chunks run at once).
     [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
 
-    /// Queues `task` for one worker (FIFO); with no workers it runs on the caller, now.
+    /// Queues `task` for one worker (FIFO); with no workers it runs on the caller, now. The
+    /// task must not throw on a worker (see the guarantees above).
     void submit(std::function<void()> task) {
         if (workers_.empty()) {
             task();
@@ -115,7 +118,16 @@ public:
         using F = std::remove_reference_t<Fn>;
         call->fn = const_cast<void*>(static_cast<const void*>(std::addressof(fn)));
         call->run = [](void* f, std::size_t b, std::size_t e) { (*static_cast<F*>(f))(b, e); };
-        for (std::size_t h = 0; h < std::min(workers_.size(), chunks - 1); ++h) submit([call] { call->drain(); });
+        // Helpers are a speed-up, not a need: if one cannot be queued (memory exhausted), the
+        // ones queued and this thread take every chunk, and the call waits for them all
+        // before it returns (a throw here would free fn while a helper runs it).
+        for (std::size_t h = 0; h < std::min(workers_.size(), chunks - 1); ++h) {
+            try {
+                submit([call] { call->drain(); });
+            } catch (...) {
+                break;
+            }
+        }
         call->drain();
         spin_until([&] { return call->all_done.load(std::memory_order_acquire); });
         std::unique_lock lock(call->m);

@@ -5,8 +5,11 @@
 #include <spillway/trace/recorder.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -274,4 +277,54 @@ TEST_CASE("save writes a 0600 file and names the path on failure") {
         CHECK(e.code().value() == ENOTDIR);
         CHECK(std::string(e.what()).find(bad.string()) != std::string::npos);
     }
+}
+
+TEST_CASE("names that are not UTF-8 are written as U+FFFD, so the file stays JSON; valid UTF-8 passes") {
+    tr::recorder rec;
+    auto t = rec.track("compute");
+    auto now = tr::clock::now();
+    // 0xff and 0xfe never occur in UTF-8; 0xc3 at the end is a truncated sequence; "\xed\xa0\x80"
+    // is a surrogate; "\xc0\xaf" an overlong '/'. "é" and "€" are valid.
+    rec.complete(t, std::string("bad \xff\xfe tail \xc3"), now, now + 5us);
+    rec.complete(t, std::string("surrogate \xed\xa0\x80 overlong \xc0\xaf"), now, now + 5us);
+    rec.complete(t, "caf\xc3\xa9 \xe2\x82\xac", now, now + 5us);
+    const std::string text = rec.json();
+    for (const char* bad : {"\xff", "\xfe", "\xed\xa0", "\xc0\xaf"}) CHECK(text.find(bad) == std::string::npos);
+    CHECK(text.find("bad \\ufffd\\ufffd tail \\ufffd\"") != std::string::npos);
+    CHECK(text.find("surrogate \\ufffd\\ufffd\\ufffd overlong \\ufffd\\ufffd") != std::string::npos);
+    CHECK(text.find("caf\xc3\xa9 \xe2\x82\xac") != std::string::npos);
+    CHECK_NOTHROW(json_parser{text}.parse_document());
+}
+
+TEST_CASE("saves from several threads at once each write a whole file, 0600 even beside an old temporary file") {
+    spillway::test::temp_dir dir("trace");
+    tr::recorder rec;
+    auto t = rec.track("compute");
+    auto now = tr::clock::now();
+    rec.complete(t, "k", now, now + 5us);
+    auto path = dir.path() / "trace.json";
+    // A temporary file of the old naming scheme, world-readable, left by someone: not reused.
+    std::ofstream(path.string() + ".tmp-" + std::to_string(::getpid())) << "old";
+    std::filesystem::permissions(path.string() + ".tmp-" + std::to_string(::getpid()),
+                                 std::filesystem::perms::owner_all | std::filesystem::perms::others_read);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> savers;
+    for (int k = 0; k < 4; ++k)
+        savers.emplace_back([&] {
+            for (int i = 0; i < 50; ++i) {
+                try {
+                    rec.save(path);
+                } catch (...) {
+                    ++failures;
+                }
+            }
+        });
+    for (auto& s : savers) s.join();
+    CHECK(failures.load() == 0);
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text == rec.json());
 }

@@ -23,14 +23,17 @@
 /// - Destruction releases every queued operation at once (the throttle no longer holds
 ///   them) and waits for all inner operations before the inner tier is destroyed.
 ///
-/// Release protocol (one timer thread per throttled tier):
+/// Release protocol (per throttled tier one timer thread, and one finisher thread per bucket):
 ///  1. write()/read() issue the inner operation, then append {bytes, inner completion,
 ///     outer completion source} to their bucket's queue and wake the timer thread.
-///  2. The timer thread refills each bucket for the time elapsed, pops every head entry the
-///     bucket can pay for, and sleeps until the earliest time a head becomes payable (or
-///     until set_rate() or a new entry wakes it).
-///  3. Outside the lock, for each popped entry it waits for the inner completion and
-///     completes the outer one with the inner result (bytes or the inner exception).
+///  2. The timer thread refills each bucket for the time elapsed, moves every head entry the
+///     bucket can pay for to that bucket's released queue (waking its finisher), and sleeps
+///     until the earliest time a head becomes payable (or until set_rate() or a new entry
+///     wakes it). It never waits for an inner operation, so a slow one delays no payment.
+///  3. Each bucket's finisher takes its released entries in order, waits for the inner
+///     completion outside the lock and completes the outer one with the inner result (bytes
+///     or the inner exception). A slow inner read so delays later reads only, never writes
+///     (in separate scope).
 #pragma once
 
 #include <algorithm>
@@ -136,6 +139,10 @@ public:
         buckets_[0].reset(config.read, now);
         buckets_[1].reset(config.write, now);
         name_ = std::string("throttled(") + std::string(inner_.name()) + ")";
+        for (int i = 0; i < 2; ++i) {
+            finishers_[i] = std::thread([this, i] { finish_released(i); });
+            detail::name_thread(finishers_[i], "spw-throttle-done");
+        }
         timer_ = std::thread([this] { run(); });
         detail::name_thread(timer_, "spw-throttle");
     }
@@ -157,7 +164,13 @@ public:
             stopping_ = true;
         }
         cv_.notify_all();
-        timer_.join();
+        timer_.join();  // every queued entry released (stopping_)
+        {
+            std::lock_guard lock(mutex_);
+            timer_done_ = true;
+        }
+        finish_cv_.notify_all();
+        for (auto& f : finishers_) f.join();  // and finished
     }
 
     /// Issues the inner write at once; the returned completion becomes ready when the inner
@@ -246,6 +259,7 @@ private:
         double tokens = 0;
         clock::time_point last{};
         std::deque<entry> queue;
+        std::deque<entry> released;  // paid for, waiting for their inner completion (step 3)
 
         // The bucket holds up to burst_bytes, or the head operation's size when that is
         // larger, so that a large operation waits exactly for its own bytes.
@@ -302,19 +316,19 @@ private:
     }
 
     void run() {
-        std::vector<entry> released;
         std::unique_lock lock(mutex_);
         for (;;) {
             auto now = clock::now();
             auto wake = clock::time_point::max();
-            bool pending = false;
+            bool pending = false, released = false;
             for (auto& b : buckets_) {
                 b.refill(now);
                 while (!b.queue.empty() &&
                        (stopping_ || b.tokens >= static_cast<double>(b.queue.front().nbytes))) {
                     b.tokens = std::max(0.0, b.tokens - static_cast<double>(b.queue.front().nbytes));
-                    released.push_back(std::move(b.queue.front()));
+                    b.released.push_back(std::move(b.queue.front()));
                     b.queue.pop_front();
+                    released = true;
                 }
                 if (!b.queue.empty()) {
                     pending = true;
@@ -325,16 +339,26 @@ private:
                     wake = std::min(wake, at);
                 }
             }
-            if (!released.empty()) {
-                lock.unlock();
-                for (auto& e : released) finish(std::move(e));
-                released.clear();
-                lock.lock();
-                continue;
-            }
+            if (released) finish_cv_.notify_all();
             if (stopping_ && !pending) return;
             if (wake == clock::time_point::max()) cv_.wait(lock);
             else cv_.wait_until(lock, wake);
+        }
+    }
+
+    // Step 3 for bucket i: completes its released entries in order, until the timer thread
+    // has ended and nothing is left.
+    void finish_released(int i) {
+        auto& b = buckets_[i];
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            finish_cv_.wait(lock, [&] { return !b.released.empty() || timer_done_; });
+            if (b.released.empty()) return;  // (timer_done_: it released everything)
+            entry e = std::move(b.released.front());
+            b.released.pop_front();
+            lock.unlock();
+            finish(std::move(e));
+            lock.lock();
         }
     }
 
@@ -364,6 +388,9 @@ private:
     std::condition_variable cv_;
     bucket buckets_[2];  // [0] reads (or both, joint), [1] writes
     bool stopping_ = false;
+    bool timer_done_ = false;             // the timer thread has released everything and ended
+    std::condition_variable finish_cv_;   // wakes the finishers
+    std::thread finishers_[2];            // step 3, one per bucket
     std::thread timer_;  // last: started after every other member exists
 };
 

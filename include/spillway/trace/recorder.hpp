@@ -281,13 +281,16 @@ public:
         return s.str();
     }
 
-    /// Writes the JSON to `path` (mode 0600, replaced atomically through a temporary file
-    /// `<path>.tmp-<pid>`, removed again on failure).
-    /// @throws std::system_error naming the call (open, write, close, rename) and the path
+    /// Writes the JSON to `path` (mode 0600, fsynced, replaced atomically through a temporary
+    /// file `<path>.tmp-<pid>-<n>` of its own, created exclusively, removed again on failure;
+    /// several threads may save at once).
+    /// @throws std::system_error naming the call (open, write, fsync, close, rename) and the path
     void save(const std::filesystem::path& path) const {
+        static std::atomic<std::uint64_t> saves{0};
         std::string text = json();
-        std::string tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-        int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        std::string tmp = path.string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                          std::to_string(saves.fetch_add(1, std::memory_order_relaxed));
+        int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) throw_system_error(errno, "open", "trace::recorder::save to " + tmp);
         std::size_t done = 0;
         while (done < text.size()) {
@@ -300,6 +303,12 @@ public:
                 throw_system_error(err, "write", "trace::recorder::save to " + tmp + " (" + bytes_str(text.size()) + ")");
             }
             done += static_cast<std::size_t>(n);
+        }
+        if (::fsync(fd) != 0) {
+            int err = errno;
+            ::close(fd);
+            ::unlink(tmp.c_str());
+            throw_system_error(err, "fsync", "trace::recorder::save to " + tmp);
         }
         if (::close(fd) != 0) {
             int err = errno;
@@ -324,10 +333,38 @@ private:
         std::snprintf(buf, sizeof buf, "%.3f", v);
         out << buf;
     }
+    // Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one
+    // (a stray continuation byte, a truncated or overlong sequence, a surrogate, > U+10FFFF).
+    static std::size_t utf8_length(std::string_view s, std::size_t i) {
+        const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+        const unsigned char c = b(0);
+        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        if (n == 0 || i + n > s.size()) return 0;
+        for (std::size_t k = 1; k < n; ++k)
+            if ((b(k) & 0xc0) != 0x80) return 0;
+        if (n == 2 && c < 0xc2) return 0;                              // overlong
+        if (n == 3 && c == 0xe0 && b(1) < 0xa0) return 0;              // overlong
+        if (n == 3 && c == 0xed && b(1) >= 0xa0) return 0;             // surrogate
+        if (n == 4 && (c > 0xf4 || (c == 0xf0 && b(1) < 0x90) || (c == 0xf4 && b(1) >= 0x90))) return 0;
+        return n;
+    }
+    // A JSON string: quotes, backslashes and control bytes escaped; bytes that are not valid
+    // UTF-8 written as U+FFFD (JSON text is UTF-8, and the trace viewers refuse others).
     static void write_string(std::ostream& out, std::string_view s) {
         out << '"';
-        for (char c : s) {
+        for (std::size_t i = 0; i < s.size(); ++i) {
+            const char c = s[i];
             auto u = static_cast<unsigned char>(c);
+            if (u >= 0x80) {
+                const std::size_t n = utf8_length(s, i);
+                if (n == 0) {
+                    out << "\\ufffd";
+                } else {
+                    out << s.substr(i, n);
+                    i += n - 1;
+                }
+                continue;
+            }
             switch (c) {
                 case '"': out << "\\\""; break;
                 case '\\': out << "\\\\"; break;
