@@ -19,6 +19,7 @@
 #include <spillway/tier/throttled_tier.hpp>
 
 #include "stash/stash_support.hpp"
+#include "support/host_tier_wrapper.hpp"
 #include "support/random_bytes.hpp"
 
 using namespace spillway;
@@ -857,22 +858,13 @@ TEST_CASE("concurrent saves, loads and releases from several threads") {
 
 namespace {
 /// A host tier whose reads take `read_delay` (a slow path): a load then waits in the stash.
-struct slow_read_tier {
-    static constexpr tier_properties properties = host_tier::properties;
-    host_tier inner;
+struct slow_read_tier : test::host_tier_wrapper {
     std::atomic<int> read_delay_ms{0};
     io_completion write(std::string_view k, std::span<const std::byte> b) { return inner.write(k, b); }
     io_completion read(std::string_view k, std::span<std::byte> b) {
         std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms.load()));
         return inner.read(k, b);
     }
-    bool erase(std::string_view k) { return inner.erase(k); }
-    [[nodiscard]] bool contains(std::string_view k) const { return inner.contains(k); }
-    [[nodiscard]] std::optional<std::size_t> size_of(std::string_view k) const { return inner.size_of(k); }
-    [[nodiscard]] std::size_t capacity() const { return inner.capacity(); }
-    [[nodiscard]] std::size_t used() const { return inner.used(); }
-    [[nodiscard]] tier_stats stats() const { return inner.stats(); }
-    [[nodiscard]] std::string name() const { return "slow"; }
 };
 static_assert(storage_tier<slow_read_tier>);
 }  // namespace

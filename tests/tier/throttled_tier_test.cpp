@@ -15,6 +15,7 @@
 #include <spillway/tier/host_tier.hpp>
 #include <spillway/tier/throttled_tier.hpp>
 
+#include "support/host_tier_wrapper.hpp"
 #include "support/random_bytes.hpp"
 
 using namespace spillway;
@@ -267,9 +268,7 @@ TEST_CASE("throttled_tier composes with faulty_tier in either order") {
 namespace {
 /// A host tier whose reads complete `read_delay` after they are issued (a slow device); its
 /// writes complete at once.
-struct slow_read_inner {
-    static constexpr tier_properties properties = host_tier::properties;
-    host_tier inner;
+struct slow_read_inner : test::host_tier_wrapper {
     std::chrono::milliseconds read_delay{400};
     std::vector<std::thread> pending;
     ~slow_read_inner() {
@@ -289,13 +288,6 @@ struct slow_read_inner {
         });
         return handle;
     }
-    bool erase(std::string_view k) { return inner.erase(k); }
-    [[nodiscard]] bool contains(std::string_view k) const { return inner.contains(k); }
-    [[nodiscard]] std::optional<std::size_t> size_of(std::string_view k) const { return inner.size_of(k); }
-    [[nodiscard]] std::size_t capacity() const { return inner.capacity(); }
-    [[nodiscard]] std::size_t used() const { return inner.used(); }
-    [[nodiscard]] tier_stats stats() const { return inner.stats(); }
-    [[nodiscard]] std::string name() const { return "slow-read"; }
 };
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include <spillway/tier/throttled_tier.hpp>
 #include <spillway/tier/virtual_tier.hpp>
 
+#include "support/host_tier_wrapper.hpp"
 #include "support/random_bytes.hpp"
 #include "support/temp_dir.hpp"
 
@@ -426,9 +427,8 @@ TEST_CASE("virtual_tier: blobs a child already holds are found and adopted") {
 namespace {
 /// A host tier that can turn read-only, as a file system remounted read-only after errors:
 /// writes fail with EROFS and erase() throws, while reads still work.
-struct read_only_able_tier {
+struct read_only_able_tier : test::host_tier_wrapper {
     static constexpr tier_properties properties{.persistent = true, .direct_io = false, .host_accessible = true};
-    host_tier inner{SIZE_MAX, "disk"};
     bool read_only = false;
     io_completion write(std::string_view k, std::span<const std::byte> b) {
         if (read_only)
@@ -441,12 +441,6 @@ struct read_only_able_tier {
         if (read_only) throw std::system_error(EROFS, std::generic_category(), "disk: erase of " + std::string(k));
         return inner.erase(k);
     }
-    bool contains(std::string_view k) const { return inner.contains(k); }
-    std::optional<std::size_t> size_of(std::string_view k) const { return inner.size_of(k); }
-    std::size_t capacity() const { return inner.capacity(); }
-    std::size_t used() const { return inner.used(); }
-    tier_stats stats() const { return inner.stats(); }
-    const std::string& name() const { return inner.name(); }
 };
 static_assert(storage_tier<read_only_able_tier>);
 }  // namespace
