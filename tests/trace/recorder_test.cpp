@@ -254,6 +254,18 @@ TEST_CASE("the recorder is thread-safe") {
     CHECK(x == threads * per);
 }
 
+namespace {
+/// The file save() wrote: mode 0600, and the recorder's JSON exactly.
+void check_saved(const std::filesystem::path& path, const tr::recorder& rec) {
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text == rec.json());
+}
+}  // namespace
+
 TEST_CASE("save writes a 0600 file and names the path on failure") {
     spillway::test::temp_dir dir("trace");
     tr::recorder rec;
@@ -262,12 +274,7 @@ TEST_CASE("save writes a 0600 file and names the path on failure") {
     rec.complete(t, "k", now, now + 5us);
     auto path = dir.path() / "trace.json";
     rec.save(path);
-    struct stat st{};
-    REQUIRE(::stat(path.c_str(), &st) == 0);
-    CHECK((st.st_mode & 0777) == 0600);
-    std::ifstream in(path);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    CHECK(text == rec.json());
+    check_saved(path, rec);
     // A path under a regular file cannot be created: ENOTDIR, with the path in the message.
     auto bad = path / "nested.json";
     try {
@@ -321,10 +328,5 @@ TEST_CASE("saves from several threads at once each write a whole file, 0600 even
         });
     for (auto& s : savers) s.join();
     CHECK(failures.load() == 0);
-    struct stat st{};
-    REQUIRE(::stat(path.c_str(), &st) == 0);
-    CHECK((st.st_mode & 0777) == 0600);
-    std::ifstream in(path);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    CHECK(text == rec.json());
+    check_saved(path, rec);
 }
