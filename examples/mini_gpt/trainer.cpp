@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
@@ -31,6 +32,7 @@
 #include "gpt2.hpp"
 #include "llmc_format.hpp"
 #include "optimizer.hpp"
+#include "spillway/lock/owned_directory.hpp"
 
 namespace mini_gpt {
 
@@ -471,25 +473,19 @@ void ensure_writable_file(const std::filesystem::path& path, const char* flag) {
     std::filesystem::remove(probe, ec);
 }
 
-/// A scratch directory removed when the run ends (default --path).
-class scoped_temp_dir {
-public:
-    scoped_temp_dir() {
-        std::string tmpl = (std::filesystem::temp_directory_path() / "mini_gpt-XXXXXX").string();
-        if (!::mkdtemp(tmpl.data())) throw input_error(tmpl + ": cannot create a temporary directory");
-        path_ = tmpl;
+/// The default --path: a scratch directory removed when the run ends. It is an
+/// owned_directory, so the one a killed run left (SIGKILL, the OOM killer) is told from a
+/// running one's: every abandoned "mini_gpt-*" directory of the user is removed first.
+spillway::owned_directory make_temp_paths() {
+    const auto root = std::filesystem::temp_directory_path();
+    try {
+        spillway::owned_directory::reclaim_abandoned(root, "mini_gpt-");
+        return spillway::owned_directory::create(root, "mini_gpt-");
+    } catch (const std::system_error& e) {
+        throw input_error(root.string() + ": cannot create a temporary directory for the offloaded state (" +
+                          e.what() + "); give one with --path");
     }
-    scoped_temp_dir(const scoped_temp_dir&) = delete;
-    scoped_temp_dir& operator=(const scoped_temp_dir&) = delete;
-    ~scoped_temp_dir() {
-        std::error_code ec;
-        std::filesystem::remove_all(path_, ec);
-    }
-    [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
-private:
-    std::filesystem::path path_;
-};
+}
 
 }  // namespace
 
@@ -593,12 +589,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     for (const auto& p : opt.paths) ensure_writable_dir(p, "--path");
     if (!opt.lock_dir.empty()) ensure_writable_dir(opt.lock_dir, "--lock-dir");
     if (!opt.trace.empty()) ensure_writable_file(opt.trace, "--trace");
-    std::unique_ptr<scoped_temp_dir> temp_paths;
+    std::optional<spillway::owned_directory> temp_paths;
     std::vector<std::filesystem::path> paths = opt.paths;
     bool offload_opt = opt.offload == offload_mode::optimizer || opt.offload == offload_mode::all;
     bool offload_act = opt.offload == offload_mode::activations || opt.offload == offload_mode::all;
     if (paths.empty() && (offload_opt || offload_act)) {
-        temp_paths = std::make_unique<scoped_temp_dir>();
+        temp_paths.emplace(make_temp_paths());
         paths.push_back(temp_paths->path());
     }
 

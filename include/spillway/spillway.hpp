@@ -16,6 +16,7 @@
 #include "spillway/io/uring_engine.hpp"
 #include "spillway/lock/lock_policy.hpp"
 #include "spillway/lock/node_lock.hpp"
+#include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/adam_formula.hpp"
 #include "spillway/optim/half.hpp"

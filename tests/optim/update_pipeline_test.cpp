@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/abandoned_directory.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace spillway;
@@ -743,6 +744,19 @@ TEST_CASE("save and restore round trip, over different tiers and buffers") {
     CHECK(t2.used() == 0);
 }
 
+// Saves to `dir` a pipeline over a host tier (fp16 gradients, `buffers` host buffers, initial
+// params from `seed`) after one update; returns its config.
+pipeline_config save_after_one_step(const std::filesystem::path& dir, std::uint64_t seed, std::size_t buffers) {
+    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
+                        .adam = test_adam()};
+    host_tier tier;
+    update_pipeline<host_tier, float16> pipe(tier, cfg, make_params(params_total, seed));
+    std::vector<float16> copy(params_total);
+    pipe.update(make_grads<float16>(params_total, 1, 1.0f), copy);
+    pipe.save(dir);
+    return cfg;
+}
+
 TEST_CASE("a save that fails part-way keeps the previous good save") {
     test::temp_dir root("pipe-crash");
     const auto dir = root.path() / "ckpt";
@@ -777,18 +791,33 @@ TEST_CASE("a save that fails part-way keeps the previous good save") {
     CHECK(std::filesystem::exists(foreign / "data.txt"));
 }
 
+TEST_CASE("a save removes what killed saves left beside it, and nothing a living save uses") {
+    test::temp_dir root("pipe-killed");
+    const auto dir = root.path() / "ckpt";
+    const auto killed = test::abandoned_by_child(root.path(), "ckpt.tmp-", SIGKILL);
+    const auto exited = test::abandoned_by_child(root.path(), "ckpt.tmp-", 0);
+    auto living = owned_directory::create(root.path(), "ckpt.tmp-");  // a save in another thread
+    const auto other = test::abandoned_by_child(root.path(), "other.tmp-", SIGKILL);
+    std::filesystem::create_directory(root.path() / "ckpt.tmp-user");  // not made by a save
+    const auto cfg = save_after_one_step(dir, 43, 3);
+    CHECK_FALSE(std::filesystem::exists(killed));
+    CHECK_FALSE(std::filesystem::exists(exited));
+    CHECK(std::filesystem::exists(living.path() / owned_directory::owner_file));
+    CHECK(std::filesystem::exists(other / "state.bin"));
+    CHECK(std::filesystem::exists(root.path() / "ckpt.tmp-user"));
+    // The save itself holds no lock file, and nothing of its own is left beside it.
+    CHECK_FALSE(std::filesystem::exists(dir / owned_directory::owner_file));
+    std::size_t entries = 0;
+    for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator(root.path())) ++entries;
+    CHECK(entries == 4);  // ckpt, the living save, other.tmp-*, ckpt.tmp-user
+    host_tier again;
+    CHECK(update_pipeline<host_tier, float16>::restore(dir, again, cfg).steps() == 1);
+}
+
 TEST_CASE("a corrupted or truncated save is refused, naming the subgroup") {
     test::temp_dir root("pipe-corrupt");
     const auto dir = root.path() / "ckpt";
-    auto init = make_params(params_total, 51);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()};
-    {
-        host_tier tier;
-        update_pipeline<host_tier, float16> pipe(tier, cfg, init);
-        std::vector<float16> copy(params_total);
-        pipe.update(make_grads<float16>(params_total, 1, 1.0f), copy);
-        pipe.save(dir);
-    }
+    const auto cfg = save_after_one_step(dir, 51, 4);
     auto file = [&](int s) {
         char name[32];
         std::snprintf(name, sizeof name, "subgroup-%06d.bin", s);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "llmc_format.hpp"
+#include "spillway/lock/owned_directory.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
 
@@ -37,6 +39,17 @@ std::string slurp(const std::filesystem::path& p) {
     return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+/// In a forked child: becomes mini_gpt with `args` (exit status 127 if that fails).
+[[noreturn]] void exec_mini_gpt(std::vector<std::string>& args) {
+    std::vector<char*> argv;
+    std::string exe = MINI_GPT_EXE;
+    argv.push_back(exe.data());
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+}
+
 /// Runs mini_gpt with `args`, stdout and stderr to files under `dir`.
 result run(const std::filesystem::path& dir, std::vector<std::string> args) {
     auto out = dir / "stdout.txt", err = dir / "stderr.txt";
@@ -47,13 +60,7 @@ result run(const std::filesystem::path& dir, std::vector<std::string> args) {
         int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         ::dup2(o, 1);
         ::dup2(e, 2);
-        std::vector<char*> argv;
-        std::string exe = MINI_GPT_EXE;
-        argv.push_back(exe.data());
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        ::execv(exe.c_str(), argv.data());
-        ::_exit(127);
+        exec_mini_gpt(args);
     }
     int st = 0;
     ::waitpid(pid, &st, 0);
@@ -62,6 +69,36 @@ result run(const std::filesystem::path& dir, std::vector<std::string> args) {
     r.out = slurp(out);
     r.err = slurp(err);
     return r;
+}
+
+/// Runs mini_gpt with `args` (which must include --json) and kills it with SIGKILL once it
+/// reported `step`.
+void kill_after_step(std::vector<std::string> args, int step) {
+    int pipefd[2];
+    REQUIRE(::pipe(pipefd) == 0);
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::dup2(pipefd[1], 1);
+        ::close(pipefd[0]);
+        exec_mini_gpt(args);
+    }
+    ::close(pipefd[1]);
+    const std::string mark = "\"step\":" + std::to_string(step) + ",";
+    std::string seen;
+    char buf[4096];
+    while (seen.find(mark) == std::string::npos) {
+        ssize_t n = ::read(pipefd[0], buf, sizeof buf);
+        if (n <= 0) break;
+        seen.append(buf, static_cast<std::size_t>(n));
+    }
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    ::close(pipefd[0]);
+    REQUIRE(WIFSIGNALED(st));
+    CHECK(WTERMSIG(st) == SIGKILL);
+    REQUIRE(seen.find(mark) != std::string::npos);
 }
 
 std::vector<std::string> tiny_args() {
@@ -259,37 +296,8 @@ TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted
     REQUIRE(want.size() == static_cast<std::size_t>(steps));
 
     // Start the same run with saves every 3 steps; kill it once it reported step 7.
-    int pipefd[2];
-    REQUIRE(::pipe(pipefd) == 0);
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
     auto args = common + std::vector<std::string>{"--save", (d / "saves").string(), "--save-every", "3"};
-    if (pid == 0) {
-        ::dup2(pipefd[1], 1);
-        ::close(pipefd[0]);
-        std::vector<char*> argv;
-        std::string exe = MINI_GPT_EXE;
-        argv.push_back(exe.data());
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        ::execv(exe.c_str(), argv.data());
-        ::_exit(127);
-    }
-    ::close(pipefd[1]);
-    std::string seen;
-    char buf[4096];
-    while (seen.find("\"step\":7,") == std::string::npos) {
-        ssize_t n = ::read(pipefd[0], buf, sizeof buf);
-        if (n <= 0) break;
-        seen.append(buf, static_cast<std::size_t>(n));
-    }
-    ::kill(pid, SIGKILL);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    ::close(pipefd[0]);
-    REQUIRE(WIFSIGNALED(st));
-    CHECK(WTERMSIG(st) == SIGKILL);
-    REQUIRE(seen.find("\"step\":7,") != std::string::npos);
+    kill_after_step(args, 7);
     // The latest complete save is step 6 (or 9 if the kill landed after it).
     std::string latest = slurp(d / "saves" / "latest");
     MESSAGE("killed after step 7; latest save: " << latest);
@@ -302,6 +310,37 @@ TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted
     std::size_t from = static_cast<std::size_t>(steps) - got.size();
     CHECK((from == 6 || from == 9));
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[from + i]);
+}
+
+TEST_CASE("the default paths a killed run left are removed by the next run, a running one's are not") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    const auto tmp = d / "tmp";
+    std::filesystem::create_directory(tmp);
+    const char* old_tmpdir = std::getenv("TMPDIR");
+    const std::string saved_tmpdir = old_tmpdir ? old_tmpdir : "";
+    ::setenv("TMPDIR", tmp.c_str(), 1);  // the runs' default paths go here
+    auto scratch = [&] {
+        std::vector<std::filesystem::path> found;
+        for (const auto& e : std::filesystem::directory_iterator(tmp))
+            if (e.path().filename().string().rfind("mini_gpt-", 0) == 0) found.push_back(e.path());
+        return found;
+    };
+    auto common = tiny_args() + std::vector<std::string>{"--offload", "all", "--lock-dir", (d / "locks").string()};
+
+    kill_after_step(common + std::vector<std::string>{"--steps", "1000", "--json"}, 2);
+    auto left = scratch();
+    REQUIRE(left.size() == 1);
+    CHECK(std::filesystem::exists(left[0] / spillway::owned_directory::owner_file));
+    auto running = spillway::owned_directory::create(tmp, "mini_gpt-");  // another run's, alive
+
+    auto r = run(d, common + std::vector<std::string>{"--steps", "2"});
+    CHECK(r.status == 0);
+    auto after = scratch();
+    CHECK(after == std::vector<std::filesystem::path>{running.path()});
+
+    if (old_tmpdir) ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+    else ::unsetenv("TMPDIR");
 }
 
 TEST_CASE("--json lines, the progress table, --trace and --help") {

@@ -108,7 +108,8 @@
 // Save and restore: save(dir) writes every subgroup's state as "subgroup-<i>.bin" plus a
 // "manifest.txt" with the shape, the step, a CRC-32C per subgroup and one of the manifest's
 // own text, all mode 0600, into a temporary directory that then replaces `dir` atomically (a
-// crash never destroys the previous good save). restore() builds a new pipeline over any tier
+// crash never destroys the previous good save; the temporary directory of a save whose
+// process died is an owned_directory, removed by the next save beside it). restore() builds a new pipeline over any tier
 // from such a directory and refuses a truncated or corrupted subgroup file with an error
 // naming the subgroup, and a manifest whose text does not match its checksum (a changed step
 // would change every later update). Saves of format 1 (no manifest checksum) still restore.
@@ -146,6 +147,7 @@
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/io/buffer_arena.hpp"
 #include "spillway/io/completion.hpp"
+#include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/detail/pipeline_checkpoint.hpp"
 #include "spillway/optim/detail/pipeline_io.hpp"
@@ -547,11 +549,10 @@ public:
                                 " exists and is not an optimizer save (no manifest.txt); refusing to replace it");
         }
         fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-        std::string templ = (parent / (dir.filename().string() + ".tmp-XXXXXX")).string();
-        std::vector<char> name(templ.begin(), templ.end());
-        name.push_back('\0');
-        if (!::mkdtemp(name.data())) throw_system_error(errno, "mkdtemp", "update_pipeline::save in " + parent.string());
-        fs::path tmp(name.data());
+        const std::string tmp_prefix = dir.filename().string() + ".tmp-";
+        owned_directory::reclaim_abandoned(parent, tmp_prefix);  // saves whose process died
+        auto owned = owned_directory::create(parent, tmp_prefix);
+        fs::path tmp = owned.path();
         try {
             std::ostringstream manifest;
             manifest << "spillway-optimizer-state 2\n"
@@ -589,6 +590,7 @@ public:
             std::string text = manifest.str();
             detail::write_file(tmp / "manifest.txt", std::as_bytes(std::span(text.data(), text.size())),
                                "update_pipeline::save manifest");
+            owned.disown();  // from here on this call removes tmp itself on failure
             detail::sync_directory(tmp);
             detail::replace_directory(tmp, dir);
         } catch (...) {
