@@ -324,6 +324,23 @@ TEST_CASE("a non-finite gradient skips the step and leaves params, m, v and the 
     CHECK(p[0] < 1.0f);
 }
 
+TEST_CASE("a finite gradient beyond sqrt(FLT_MAX / (1 - beta2)) makes v infinite and freezes the element (documented)") {
+    // 5e20: 0.001 * g * g = 2.5e38 is finite; 1e21: 1e39 overflows float.
+    std::vector<float> p{1.0f, 1.0f}, m(2), v(2);
+    std::vector<float> g{5e20f, 1e21f};
+    REQUIRE(spillway::adamw_step<float>(adamw_config{}, adamw_step_args{}, p, m, v, std::span<const float>(g)) ==
+            step_result::applied);
+    CHECK(std::isfinite(v[0]));
+    CHECK(p[0] < 1.0f);  // moved by about lr
+    CHECK(std::isinf(v[1]));
+    CHECK(p[1] == 1.0f);  // m_hat / inf = 0
+    const std::vector<float> small{1.0f, 1.0f};
+    REQUIRE(spillway::adamw_step<float>(adamw_config{}, adamw_step_args{.step = 2}, p, m, v,
+                                        std::span<const float>(small)) == step_result::applied);
+    CHECK(std::isinf(v[1]));
+    CHECK(p[1] == 1.0f);  // and stays frozen
+}
+
 TEST_CASE("unscaling and clipping are fused: scaled grads give the unscaled result") {
     std::mt19937_64 rng(5);
     const std::size_t n = 5000;

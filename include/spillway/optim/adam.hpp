@@ -30,6 +30,11 @@
 /// - The caller keeps every span alive for the duration of the call; the spans must not overlap.
 ///   Calling them from a task running on the same pool is allowed: the calling thread takes
 ///   every chunk no free worker takes (thread_pool::parallel_for).
+/// - The moments are fp32, as torch's: a finite gradient (after unscaling and clipping) above
+///   sqrt(FLT_MAX / (1 - beta2)) in magnitude (about 5.8e20 with beta2 = 0.999) makes that
+///   element's v infinite, and from then on its update is 0 (m_hat / inf) with no error. Torch's
+///   fp32 AdamW overflows earlier (g * g above FLT_MAX: |g| > 1.8e19). Global-norm clipping
+///   keeps gradients far below either bound.
 /// - The bit-identity guarantees assume the default floating-point environment (round to
 ///   nearest, no flush-to-zero / denormals-are-zero) on the calling thread, which runs one
 ///   chunk itself; the pool's threads always have it.
