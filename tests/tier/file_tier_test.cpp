@@ -397,11 +397,19 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
     for (auto& p : pending) CHECK(p.ready());
     for (auto& p : pending) p.wait();
 
-    // A temporary file of a process that is gone (pid 2^22 + 1 is above the kernel's
-    // pid_max limit, so no process has it) is cleaned up; regular files become keys.
-    std::ofstream(dir.path() / ".spillway.tmp.4194305.7") << "stale";
+    // A temporary file of a process of this host that is gone (pid 2^22 + 1 is above the
+    // kernel's pid_max limit, so no process has it) is cleaned up, as is one named the way
+    // earlier versions did (no host); another host's is left alone (on a shared file system
+    // its process may be running); regular files become keys.
+    const std::string ours = ".spillway.tmp.4194305.7." + detail::host_name();
+    const std::string legacy = ".spillway.tmp.4194305.8";
+    const std::string theirs = ".spillway.tmp.4194305.9.another-host.example";
+    for (const auto& n : {ours, legacy, theirs}) std::ofstream(dir.path() / n) << "stale";
     file_tier<> again(dir.path());
-    CHECK_FALSE(fs::exists(dir.path() / ".spillway.tmp.4194305.7"));
+    CHECK_FALSE(fs::exists(dir.path() / ours));
+    CHECK_FALSE(fs::exists(dir.path() / legacy));
+    CHECK(fs::exists(dir.path() / theirs));
+    fs::remove(dir.path() / theirs);
     CHECK(again.used() == [&] {
         std::size_t s = 0;
         for (auto& d : data) s += d.size();

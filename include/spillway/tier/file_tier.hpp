@@ -20,7 +20,7 @@
 // - Write protocol (a failed rewrite leaves the previous blob intact):
 //   1. reserve the size against the capacity (ENOSPC when it would not fit);
 //   2. take a spare file (one a rewrite replaced; see file_tier_options::spare_files) and
-//      resize it, or create a temporary file ".spillway.tmp.<pid>.<n>" and fallocate it to
+//      resize it, or create a temporary file ".spillway.tmp.<pid>.<n>.<host>" and fallocate it to
 //      the size (so a full disk fails here, early, and direct writes never extend a file);
 //   3. write body and tail through the engine, concurrently;
 //   4. on success, under the tier's lock, exchange the temporary file with the key's file
@@ -40,7 +40,8 @@
 //   whose size changed behind the tier's back EIO with both sizes. The tier stays usable.
 // - The index of keys and sizes lives in memory; construction rebuilds it from the files
 //   already in the directory (the tier is persistent) and removes temporary files left by
-//   processes that no longer exist.
+//   processes of this host that no longer exist; another host's are never touched (on a
+//   shared file system its tier may be running).
 // - Destroying the tier waits for every operation in flight, then the engine.
 #pragma once
 
@@ -136,6 +137,26 @@ private:
 inline std::atomic<std::uint64_t>& file_tier_counter() noexcept {
     static std::atomic<std::uint64_t> counter{0};
     return counter;
+}
+
+/// This host's name (gethostname), or "unknown-host"; read once.
+inline const std::string& host_name() {
+    static const std::string name = [] {
+        char buf[256] = {};
+        if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return std::string("unknown-host");
+        std::string n(buf);
+        for (char& c : n)
+            if (c == '/') c = '_';
+        return n;
+    }();
+    return name;
+}
+
+/// "<prefix><kind><pid>.<n>.<host>": unique on a directory shared by several hosts, whose
+/// processes may have the same id.
+inline std::string file_tier_temp_name(std::string_view prefix, std::string_view kind) {
+    return std::string(prefix) + std::string(kind) + std::to_string(::getpid()) + "." +
+           std::to_string(file_tier_counter().fetch_add(1, std::memory_order_relaxed)) + "." + host_name();
 }
 }  // namespace detail
 
@@ -459,8 +480,7 @@ private:
             }
             return;
         }
-        op.tmp = std::string(reserved_prefix) + "tmp." + std::to_string(::getpid()) + "." +
-                 std::to_string(detail::file_tier_counter().fetch_add(1, std::memory_order_relaxed));
+        op.tmp = detail::file_tier_temp_name(reserved_prefix, "tmp.");
         op.label = describe("write", key, n) + " (temporary file " + (dir_ / op.tmp).string() + ")";
         int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
         int fd = ::openat(dirfd_.get(), op.tmp.c_str(), flags | (direct_ ? O_DIRECT : 0), 0600);
@@ -574,8 +594,7 @@ private:
 
     // Proves the directory writable and decides on O_DIRECT.
     void probe(direct_io_mode mode) {
-        std::string probe_name = std::string(reserved_prefix) + "probe." + std::to_string(::getpid()) + "." +
-                                 std::to_string(detail::file_tier_counter().fetch_add(1, std::memory_order_relaxed));
+        std::string probe_name = detail::file_tier_temp_name(reserved_prefix, "probe.");
         int fd = ::openat(dirfd_.get(), probe_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
             throw_system_error(errno, "openat", name_ + ": directory " + spillway::quoted(dir_.string()) + " is not writable");
@@ -613,15 +632,22 @@ private:
                                     name_ + ": O_DIRECT is required but " + direct_note_);
     }
 
-    // Removes ".spillway.tmp.<pid>.<n>" and ".spillway.probe.<pid>.<n>" files left by a
-    // process that no longer exists (a crash mid-write, or spares never cleaned up).
+    // Removes ".spillway.tmp.<pid>.<n>.<host>" and ".spillway.probe.<pid>.<n>.<host>" files
+    // left by a process of this host that no longer exists (a crash mid-write, or spares never
+    // cleaned up). Another host's files are left alone: its process ids mean nothing here, and
+    // its tier may be running (a directory on a shared file system). Names without a host
+    // (written before hosts were named) follow the process id alone.
     void remove_if_orphaned(std::string_view n) {
         for (std::string_view kind : {std::string_view("tmp."), std::string_view("probe.")}) {
             std::string_view rest = n.substr(reserved_prefix.size());
             if (rest.substr(0, kind.size()) != kind) continue;
             rest.remove_prefix(kind.size());
-            long pid = std::strtol(std::string(rest.substr(0, rest.find('.'))).c_str(), nullptr, 10);
-            if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+            const auto pid_end = rest.find('.');
+            long pid = std::strtol(std::string(rest.substr(0, pid_end)).c_str(), nullptr, 10);
+            const auto counter_end = pid_end == std::string_view::npos ? pid_end : rest.find('.', pid_end + 1);
+            const bool this_host =
+                counter_end == std::string_view::npos || rest.substr(counter_end + 1) == detail::host_name();
+            if (this_host && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
                 ::unlinkat(dirfd_.get(), std::string(n).c_str(), 0);
         }
     }
