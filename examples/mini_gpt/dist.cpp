@@ -169,6 +169,19 @@ bool dist::any(bool value) {
     return value;
 }
 
+bool dist::same_everywhere(std::uint64_t value) {
+#if MINI_GPT_HAVE_MPI
+    if (mpi_active && world_size > 1) {
+        std::uint64_t lo = value, hi = value;
+        check(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+        check(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+        return lo == hi;
+    }
+#endif
+    (void)value;
+    return true;
+}
+
 void dist::allgather(std::span<float> data, const std::vector<std::size_t>& offsets) {
 #if MINI_GPT_HAVE_MPI
     if (!mpi_active || world_size == 1) return;

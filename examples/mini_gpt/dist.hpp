@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -40,6 +41,8 @@ public:
     static double allreduce_sum(double value);
     /// True on every rank when `value` is true on any rank.
     static bool any(bool value);
+    /// True on every rank when every rank passed the same `value`.
+    static bool same_everywhere(std::uint64_t value);
     /// Every rank contributes data[offsets[r], offsets[r+1]); all receive all of it.
     static void allgather(std::span<float> data, const std::vector<std::size_t>& offsets);
     static void barrier();

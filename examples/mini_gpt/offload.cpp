@@ -25,6 +25,7 @@
 // tensors (stash_options::huge_page_arena) when a layer is large enough for the slabs to fill.
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -33,6 +34,7 @@
 #include "llmc_format.hpp"
 #include "optimizer.hpp"
 #include "spillway/lock/node_lock.hpp"
+#include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/update_pipeline.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/tier/file_tier.hpp"
@@ -63,6 +65,19 @@ void make_dir(const std::filesystem::path& dir) {
     if (ec) throw input_error(dir.string() + ": cannot create directory: " + ec.message());
 }
 
+/// This process's folder in a directory the ranks share: an owned_directory "proc-XXXXXX".
+/// What a killed or aborted rank left there (its optimizer state or activations: MPI_Abort
+/// runs no destructor) is removed by the next run that uses the directory; the folders of
+/// processes still running are left alone.
+spillway::owned_directory process_folder(const std::filesystem::path& dir) {
+    try {
+        spillway::owned_directory::reclaim_abandoned(dir, "proc-");
+        return spillway::owned_directory::create(dir, "proc-");
+    } catch (const std::system_error& e) {
+        throw input_error(dir.string() + ": cannot create this process's folder in it: " + e.what());
+    }
+}
+
 /// Removes `dir` if it is empty (other processes may still use it).
 void remove_if_empty(const std::filesystem::path& dir) noexcept {
     std::error_code ec;
@@ -88,18 +103,20 @@ public:
             auto dir = p / "mini_gpt-optimizer";
             make_dir(dir);
             dirs_.push_back(dir);
+            folders_.push_back(process_folder(dir));
             auto canonical = std::filesystem::weakly_canonical(dir).string();
             std::ostringstream name;
             name << "mini_gpt-" << std::hex << std::hash<std::string>{}(canonical);
             vo.lock_names.push_back(name.str());
         }
-        // 2. The virtual tier: one file tier per directory, named by its --path (the summary
-        //    reports each path on its own line), placement by measured bandwidth.
+        // 2. The virtual tier: one file tier per path, in this process's folder there, named
+        //    by its --path (the summary reports each path on its own line), placement by
+        //    measured bandwidth.
         std::vector<std::tuple<std::filesystem::path, spillway::file_tier_options>> children;
         for (std::size_t i = 0; i < dirs_.size(); ++i) {
             spillway::file_tier_options fo;
             fo.name = s.paths[i].string();
-            children.emplace_back(dirs_[i], fo);
+            children.emplace_back(folders_[i].path(), fo);
         }
         try {
             tier_ = std::make_unique<optimizer_tier>(vo, children);
@@ -110,6 +127,7 @@ public:
     ~offloaded_optimizer() override {
         pipe_.reset();  // erases its blobs
         tier_.reset();
+        folders_.clear();
         for (const auto& d : dirs_) remove_if_empty(d);
     }
 
@@ -197,10 +215,18 @@ public:
           << human(static_cast<double>(written_)) << "; of " << subgroups_ << " subgroup visits " << resident_hits_
           << " were served from the resident set and " << prefetch_hits_ << " by the " << prefetched_
           << " reads started during forward and backward\n";
-        for (const auto& c : children_)
-            o << "                  tier " << c.name << ": read " << human(static_cast<double>(c.bytes_read))
-              << ", wrote " << human(static_cast<double>(c.bytes_written)) << "; busy "
-              << static_cast<int>(100 * c.busy_fraction(update_seconds_) + 0.5) << "% of the update time\n";
+        // Bytes from the tier's own counters (the update calls' and the reads begun during
+        // forward and backward); the busy share from the update calls alone.
+        for (const auto& c : tier_->report()) {
+            const std::string name(c.name);
+            auto during_updates = std::find_if(children_.begin(), children_.end(), [&](const auto& x) { return x.name == name; });
+            o << "                  tier " << name << ": read " << human(static_cast<double>(c.moved.bytes_read))
+              << ", wrote " << human(static_cast<double>(c.moved.bytes_written)) << "; busy "
+              << (during_updates == children_.end()
+                      ? 0
+                      : static_cast<int>(100 * during_updates->busy_fraction(update_seconds_) + 0.5))
+              << "% of the update time\n";
+        }
         return o.str();
     }
 
@@ -232,7 +258,8 @@ private:
 
     optimizer_settings s_;
     std::size_t count_;
-    std::vector<std::filesystem::path> dirs_;
+    std::vector<std::filesystem::path> dirs_;           // <path>/mini_gpt-optimizer, shared
+    std::vector<spillway::owned_directory> folders_;    // this process's folder in each
     std::unique_ptr<optimizer_tier> tier_;
     std::unique_ptr<pipeline> pipe_;
     double last_wait_ms_ = 0;
@@ -253,8 +280,9 @@ public:
     stash_store(const gpt2_config& c, int B, int T, const store_settings& s)
         : config_(c), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder), recompute_(s.recompute) {
         make_dir(dir_);
+        folder_.emplace(process_folder(dir_));
         try {
-            tier_ = std::make_unique<tier_type>(dir_);
+            tier_ = std::make_unique<tier_type>(folder_->path());
         } catch (const std::system_error& e) {
             throw input_error(dir_.string() + ": cannot use it for activations: " + e.what());
         }
@@ -321,6 +349,7 @@ public:
         for (auto& l : layers_) release_layer(l);
         stash_.reset();
         tier_.reset();
+        folder_.reset();
         remove_if_empty(dir_);
     }
 
@@ -534,7 +563,8 @@ private:
     bool stored(std::size_t i) const { return !(recompute_ && layer_acts::recomputable(static_cast<int>(i))); }
 
     gpt2_config config_;
-    std::filesystem::path dir_;
+    std::filesystem::path dir_;                         // <path>/mini_gpt-activations, shared
+    std::optional<spillway::owned_directory> folder_;   // this process's folder in it
     spillway::trace::recorder* recorder_;
     spillway::trace::track_id fwd_track_{}, bwd_track_{};
     std::unique_ptr<tier_type> tier_;

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <variant>
 
 #include <fcntl.h>
@@ -222,23 +223,76 @@ struct train_state {
     std::int64_t adam_steps = 0;     // AdamW steps applied (skipped overflow steps excluded)
     float loss_scale = 1.0f;
     std::int64_t good_steps = 0;     // steps since the loss scale last changed
+    // What the steps ran on (format 2; a format-1 file leaves has_run_shape false). Resuming
+    // with another gradient type would keep a loss scale meant for it, and other data, batch
+    // or sequence length would not replay the same batches: both are refused.
+    bool has_run_shape = false;
+    std::int32_t grads = 0;          // grad_dtype
+    std::int32_t batch = 0, seq = 0;
+    std::uint64_t tokens = 0;        // tokens in the data
+    std::uint64_t tokens_hash = 0;   // FNV-1a of the tokens
 };
-constexpr std::uint64_t state_magic = 0x4d475054'53544154ull;  // "MGPTSTAT"
+constexpr std::uint64_t state_magic_v1 = 0x4d475054'53544154ull;  // "MGPTSTAT"
+constexpr std::uint64_t state_magic = 0x4d475054'53544132ull;     // "MGPTSTA2"
 
-void write_state(const std::filesystem::path& path, const train_state& s) {
-    std::vector<std::byte> b(sizeof(state_magic) + sizeof s);
+/// FNV-1a (64-bit) of some bytes.
+std::uint64_t fnv1a(std::span<const std::byte> bytes) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (std::byte b : bytes) h = (h ^ static_cast<std::uint64_t>(b)) * 0x100000001b3ull;
+    return h;
+}
+/// Tells one token stream from another (on resume, and between ranks).
+std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens) { return fnv1a(std::as_bytes(std::span(tokens))); }
+
+// The fields in order, each as its bytes (little-endian on every machine this runs on).
+template <class Fn>
+void state_fields(train_state& s, bool v2, Fn&& field) {
+    field(s.next_step);
+    field(s.adam_steps);
+    field(s.loss_scale);
+    field(s.good_steps);
+    if (!v2) return;
+    field(s.grads);
+    field(s.batch);
+    field(s.seq);
+    field(s.tokens);
+    field(s.tokens_hash);
+}
+std::size_t state_bytes(bool v2) {
+    std::size_t n = 0;
+    train_state probe;
+    state_fields(probe, v2, [&](auto& f) { n += sizeof f; });
+    return n;
+}
+
+void write_state(const std::filesystem::path& path, train_state s) {
+    std::vector<std::byte> b(sizeof state_magic);
     std::memcpy(b.data(), &state_magic, sizeof state_magic);
-    std::memcpy(b.data() + sizeof state_magic, &s, sizeof s);
+    state_fields(s, true, [&](auto& f) {
+        const auto* p = reinterpret_cast<const std::byte*>(&f);
+        b.insert(b.end(), p, p + sizeof f);
+    });
     write_file_atomic(path, b);
 }
 train_state read_state(const std::filesystem::path& path) {
     auto b = read_file(path);
     std::uint64_t magic = 0;
-    if (b.size() != sizeof(state_magic) + sizeof(train_state)) throw input_error(path.string() + ": truncated state");
+    if (b.size() < sizeof magic) throw input_error(path.string() + ": truncated state");
     std::memcpy(&magic, b.data(), sizeof magic);
-    if (magic != state_magic) throw input_error(path.string() + ": bad magic (not a mini_gpt train.state)");
+    if (magic != state_magic && magic != state_magic_v1)
+        throw input_error(path.string() + ": bad magic (not a mini_gpt train.state)");
+    const bool v2 = magic == state_magic;
+    // Format 1 wrote the struct of its four fields with its padding: 32 bytes.
+    if (b.size() != sizeof magic + (v2 ? state_bytes(true) : 32)) throw input_error(path.string() + ": truncated state");
     train_state s;
-    std::memcpy(&s, b.data() + sizeof magic, sizeof s);
+    std::size_t at = sizeof magic;
+    state_fields(s, v2, [&](auto& f) {
+        using field_t = std::remove_reference_t<decltype(f)>;
+        if (!v2) at = (at + alignof(field_t) - 1) / alignof(field_t) * alignof(field_t);  // format 1's padding
+        std::memcpy(&f, b.data() + at, sizeof f);
+        at += sizeof f;
+    });
+    s.has_run_shape = v2;
     // Every field in range, or the file is refused by name (a negative step read the corpus
     // before its start; a loss scale of 0 divided by it).
     auto bad = [&](const std::string& what) { throw input_error(path.string() + ": corrupted state: " + what); };
@@ -248,6 +302,7 @@ train_state read_state(const std::filesystem::path& path) {
     if (!(std::isfinite(s.loss_scale) && s.loss_scale >= 1.0f))
         bad("loss scale " + std::to_string(s.loss_scale) + " (finite and at least 1)");
     if (s.good_steps < 0 || s.good_steps > s.next_step) bad("good-step count " + std::to_string(s.good_steps));
+    if (v2 && (s.grads < 0 || s.grads > 2)) bad("gradient type " + std::to_string(s.grads));
     return s;
 }
 
@@ -647,8 +702,21 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     const std::string shard_name = "shard-" + std::to_string(rank) + "-of-" + std::to_string(nranks);
 
     // 6. Resume.
+    std::optional<std::uint64_t> data_hash_cache;  // (hashing a large token file takes a while)
+    auto data_hash = [&] {
+        if (!data_hash_cache) data_hash_cache = tokens_hash(tokens);
+        return *data_hash_cache;
+    };
     train_state state;
     state.loss_scale = opt.grads == grad_dtype::fp16 ? 32768.0f : 1.0f;
+    if (!opt.resume_dir.empty() || !opt.save_dir.empty()) {  // what a save records of the run
+        state.has_run_shape = true;
+        state.grads = static_cast<std::int32_t>(opt.grads);
+        state.batch = B;
+        state.seq = T;
+        state.tokens = tokens.size();
+        state.tokens_hash = data_hash();
+    }
     if (!opt.resume_dir.empty()) {
         auto latest_file = opt.resume_dir / "latest";
         auto latest = read_file(latest_file);
@@ -662,7 +730,29 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         if (!(ck.config == config))
             throw input_error((dir / "model.bin").string() + ": the saved model's config differs from this run's");
         model.load_llmc_params(ck.params);
+        const train_state run = state;
         state = read_state(dir / "train.state");
+        if (state.has_run_shape) {
+            const std::string file = (dir / "train.state").string();
+            if (state.grads != run.grads)
+                throw input_error("--grad-dtype " + std::string(dtype_name(opt.grads)) + ": the save " + file +
+                                  " was made with " + dtype_name(static_cast<grad_dtype>(state.grads)) +
+                                  " gradients (its loss scale belongs to them); resume with that type");
+            if (state.batch != run.batch || state.seq != run.seq)
+                throw input_error("--batch " + std::to_string(B) + " --seq " + std::to_string(T) + ": the save " + file +
+                                  " was made with --batch " + std::to_string(state.batch) + " --seq " +
+                                  std::to_string(state.seq) + "; resuming replays the same batches");
+            if (state.tokens != run.tokens || state.tokens_hash != run.tokens_hash)
+                throw input_error(data_name + ": not the data the save " + file + " was made on (" +
+                                  std::to_string(state.tokens) + " tokens there, " + std::to_string(run.tokens) +
+                                  " here" + (state.tokens == run.tokens ? ", other values" : "") + ")");
+        }
+        state.has_run_shape = run.has_run_shape;  // the next save records this run's (format 2)
+        state.grads = run.grads;
+        state.batch = run.batch;
+        state.seq = run.seq;
+        state.tokens = run.tokens;
+        state.tokens_hash = run.tokens_hash;
         if (state.next_step > opt.steps)
             throw input_error("--steps " + std::to_string(opt.steps) + ": the save " + dir.string() +
                               " is already at step " + std::to_string(state.next_step) + "; ask for more steps");
@@ -671,6 +761,24 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         optim->load(dir / shard_name, model.params().subspan(lo, hi - lo));
     } else {
         optim->init(model.params().subspan(lo, hi - lo));
+    }
+
+    // 6b. Every rank must run the same steps on the same model, data and settings: a rank
+    //     given other flags (an MPMD command line, a stale save on one node) would leave the
+    //     others waiting in a collective for ever. The ranks compare a fingerprint once.
+    if (nranks > 1) {
+        std::ostringstream settings;
+        settings << opt.steps << ' ' << state.next_step << ' ' << B << ' ' << T << ' ' << tokens.size() << ' '
+                 << data_hash() << ' ' << model.params().size() << ' ' << static_cast<int>(opt.grads) << ' '
+                 << static_cast<int>(opt.offload) << ' ' << opt.lr << ' ' << opt.beta1 << ' ' << opt.beta2 << ' '
+                 << opt.eps << ' ' << opt.weight_decay << ' ' << opt.subgroup << ' ' << opt.buffers << ' '
+                 << opt.ascending_order << ' ' << opt.save_dir.empty() << ' ' << opt.save_every << ' '
+                 << opt.save_model.empty();
+        const std::string text = settings.str();
+        if (!dist::same_everywhere(fnv1a(std::as_bytes(std::span(text.data(), text.size())))))
+            throw input_error("mpirun: the ranks were not given the same run (steps, start step, batch, sequence, data, "
+                              "model, gradient type, offload mode, AdamW settings, subgroups, buffers, order or "
+                              "saves differ); give every rank the same flags and files");
     }
 
     // 7. Train.
@@ -734,6 +842,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         // gradients): the walk starts at the last layers, whose gradients backward finishes
         // first, and each subgroup waits for backward to announce its gradients final.
         const bool under_backward = opt.update_under_backward && nranks == 1 && opt.grads == grad_dtype::fp32 &&
+                                    state.loss_scale == 1.0f &&  // (its gradients are taken as unscaled)
                                     optim->next_step_under_backward();
         backward_progress progress;
         if (under_backward) {

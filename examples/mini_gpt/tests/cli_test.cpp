@@ -262,6 +262,51 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
                        {"--steps 1", "already at step 2"});
         CHECK(run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--resume", saves.string()}).status == 0);
     }
+    SUBCASE("a resume refuses another gradient type, batch, sequence length or data; a format-1 state resumes") {
+        const auto saves = d / "r";
+        std::vector<std::uint16_t> a(400), b(400);
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            a[i] = static_cast<std::uint16_t>(32 + i % 90);
+            b[i] = static_cast<std::uint16_t>(32 + (i * 7) % 90);
+        }
+        write_tokens(d / "a.bin", a);
+        write_tokens(d / "b.bin", b);
+        write_tokens(d / "short_a.bin", std::vector<std::uint16_t>(a.begin(), a.begin() + 300));
+        auto with = [&](std::vector<std::string> extra) {
+            return tiny_args() + std::vector<std::string>{"--grad-dtype", "fp16", "--data", (d / "a.bin").string()} + extra;
+        };
+        REQUIRE(run(d, with({"--steps", "2", "--save", saves.string(), "--save-every", "2"})).status == 0);
+        const auto resume = std::vector<std::string>{"--steps", "4", "--resume", saves.string(), "--json"};
+        auto r = [&](std::vector<std::string> extra) { return run(d, with(extra) + resume); };
+        expect_refused(r({"--grad-dtype", "fp32"}), {"--grad-dtype fp32", "made with fp16 gradients"});
+        expect_refused(r({"--batch", "1"}), {"--batch 1 --seq 16", "made with --batch 2 --seq 16"});
+        expect_refused(r({"--seq", "8"}), {"--batch 2 --seq 8", "made with --batch 2 --seq 16"});
+        expect_refused(r({"--data", (d / "b.bin").string()}), {"b.bin", "not the data", "400 tokens there, 400 here, other values"});
+        expect_refused(r({"--data", (d / "short_a.bin").string()}), {"short_a.bin", "400 tokens there, 300 here"});
+        auto straight = run(d, with({"--steps", "4", "--json"}));
+        REQUIRE(straight.status == 0);
+        auto want = json_losses(straight.out);
+        auto resumed = r({});
+        REQUIRE(resumed.status == 0);
+        auto got = json_losses(resumed.out);
+        REQUIRE(got.size() == 2);
+        CHECK(got[0] == want[2]);
+        CHECK(got[1] == want[3]);
+        // Format 1 (before the run's shape was recorded): its four fields as the struct laid
+        // them out, padding included. It resumes without the checks, with the same losses.
+        const auto state = saves / slurp(saves / "latest") / "train.state";
+        auto v2 = read_file(state);
+        REQUIRE(v2.size() == 8 + 8 + 8 + 4 + 8 + 4 + 4 + 4 + 8 + 8);
+        std::vector<std::byte> v1(8 + 32);
+        const std::uint64_t magic_v1 = 0x4d475054'53544154ull;
+        std::memcpy(v1.data(), &magic_v1, 8);
+        std::memcpy(v1.data() + 8, v2.data() + 8, 20);        // next step, AdamW steps, loss scale
+        std::memcpy(v1.data() + 8 + 24, v2.data() + 28, 8);   // good steps, after 4 bytes of padding
+        write_bytes(state, v1);
+        auto from_v1 = r({});
+        REQUIRE(from_v1.status == 0);
+        CHECK(json_losses(from_v1.out) == got);
+    }
     SUBCASE("headers whose sizes overflow, non-finite parameters, a FIFO") {
         // channels 2^30 and a padded vocabulary near 2^31: the parameter count wraps to 0 in
         // 64 bits, so a header-only file would pass the size check.
@@ -341,6 +386,27 @@ TEST_CASE("the default paths a killed run left are removed by the next run, a ru
 
     if (old_tmpdir) ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
     else ::unsetenv("TMPDIR");
+}
+
+TEST_CASE("what a killed run left on --path is removed by the next run on that path") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    auto common = tiny_args() + std::vector<std::string>{"--offload", "all", "--path", (d / "p").string(), "--lock-dir",
+                                                         (d / "locks").string()};
+    // Files of this process's folders (proc-XXXXXX) under the path's shared directories.
+    auto left = [&] {
+        std::size_t files = 0;
+        if (std::filesystem::exists(d / "p"))
+            for (const auto& e : std::filesystem::recursive_directory_iterator(d / "p"))
+                files += e.is_regular_file() && e.path().filename() != spillway::owned_directory::owner_file;
+        return files;
+    };
+    kill_after_step(common + std::vector<std::string>{"--steps", "1000", "--json"}, 2);
+    REQUIRE(left() > 0);  // the optimizer's state and the activations of the killed run
+    REQUIRE(run(d, common + std::vector<std::string>{"--steps", "2"}).status == 0);
+    CHECK(left() == 0);
+    CHECK_FALSE(std::filesystem::exists(d / "p" / "mini_gpt-optimizer"));
+    CHECK_FALSE(std::filesystem::exists(d / "p" / "mini_gpt-activations"));
 }
 
 TEST_CASE("--json lines, the progress table, --trace and --help") {

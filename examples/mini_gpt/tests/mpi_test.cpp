@@ -75,12 +75,10 @@ void check_losses(const std::vector<std::string>& args, const std::filesystem::p
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 1e-5 * std::abs(want[i]));
 }
 
-}  // namespace
-
-TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per step") {
+/// Sanitized builds: Open MPI's own start-up allocations live until exit and LeakSanitizer
+/// would report them in every rank; leak checking stays on for the single-process runs only.
+void no_leak_checks_in_ranks() {
 #if defined(SPILLWAY_SANITIZED)
-    // Open MPI's own start-up allocations live until exit and LeakSanitizer would report them
-    // in every rank; leak checking stays on for the single-process run (this process) only.
     if (const char* a = std::getenv("ASAN_OPTIONS")) {
         std::string opts = std::string(a) + ":detect_leaks=0";
         ::setenv("MINI_GPT_RANK_ASAN_OPTIONS", opts.c_str(), 1);
@@ -89,6 +87,12 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
     }
     MESSAGE("sanitized build: LeakSanitizer is off inside the MPI ranks (Open MPI's allocations)");
 #endif
+}
+
+}  // namespace
+
+TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per step") {
+    no_leak_checks_in_ranks();
     spillway::test::temp_dir dir("mini_gpt_mpi");
     const auto d = dir.path();
     std::vector<std::string> common = {MINI_GPT_EXE, "--layers", "2", "--channels", "32", "--heads", "4", "--max-seq",
@@ -125,4 +129,25 @@ TEST_CASE("two and three MPI ranks match one process within 1e-5 relative per st
     // Three ranks: the gradients' ring exchange (dist.cpp) with more than one step and
     // chunks of unequal size; rows 4 / 3 do not divide either.
     check_losses(mpirun(3, common), d / "three.txt", want);
+}
+
+TEST_CASE("ranks given different runs are refused at start, not left waiting for each other") {
+    no_leak_checks_in_ranks();
+    spillway::test::temp_dir dir("mini_gpt_mpi");
+    const auto d = dir.path();
+    const std::vector<std::string> tiny = {MINI_GPT_EXE, "--layers", "2", "--channels", "32", "--heads", "4",
+                                           "--max-seq", "16", "--seq", "16", "--batch", "4", "--threads", "1",
+                                           "--corpus-bytes", "8192", "--subgroup", "5000", "--quiet"};
+    // One rank asked for 6 steps, the other for 3 (an MPMD command line): the second would
+    // finish and leave the first in a collective for ever. `timeout` ends a hang as a failure.
+    std::vector<std::string> args = mpirun(1, tiny);
+    args.insert(args.begin(), {"timeout", "120"});
+    args.insert(args.end(), {"--steps", "6", ":", "-np", "1"});
+    args.insert(args.end(), tiny.begin(), tiny.end());
+    args.insert(args.end(), {"--steps", "3"});
+    const int rc = run(args, d / "mismatch.txt");
+    const std::string err = slurp((d / "mismatch.txt").string() + ".err");
+    INFO("mpirun stderr: " << err);
+    CHECK(rc == 2);
+    CHECK(err.find("the ranks were not given the same run") != std::string::npos);
 }
