@@ -110,4 +110,33 @@ TEST_CASE("split_by_bandwidth: bad input names the path and the value") {
     CHECK(message([] { split_by_bandwidth(3, {1.0, std::numeric_limits<double>::infinity()}); }).find("path 1") !=
           std::string::npos);
     CHECK(message([] { split_by_bandwidth(3, {0.0, 0.0}); }).find("bandwidth 0") != std::string::npos);
+    // Above 2^62 items long double's 64-bit mantissa cannot place every share within one of
+    // its ideal (17934447696040317800 over {1, 9} gave 1793444769604031781 against an exact
+    // 1793444769604031780): refused, naming the count.
+    CHECK(message([] { split_by_bandwidth(17934447696040317800ull, {1.0, 9.0}); }).find("17934447696040317800 items") !=
+          std::string::npos);
+    CHECK(message([] { split_by_bandwidth(spillway::max_split_count + 1, {1.0}); }).find("2^62") != std::string::npos);
+}
+
+TEST_CASE("split_by_bandwidth: exact at the largest count it takes") {
+    // Integer bandwidths: the exact ideals come from 128-bit integers (a GCC/Clang extension).
+    __extension__ typedef unsigned __int128 u128;
+    const std::size_t counts[] = {spillway::max_split_count, spillway::max_split_count - 1, spillway::max_split_count / 3 * 2 + 1};
+    const double bws[][3] = {{1, 9, 0}, {278024, 42048, 7}, {3, 3, 3}, {1, 1e6, 12345}};
+    for (std::size_t count : counts) {
+        for (const auto& b : bws) {
+            auto share = split_by_bandwidth(count, std::span<const double>(b, 3));
+            u128 total = 0, sum = 0;
+            for (double x : b) total += static_cast<std::uint64_t>(x);
+            for (std::size_t i = 0; i < 3; ++i) {
+                const u128 num = static_cast<u128>(count) * static_cast<std::uint64_t>(b[i]);
+                const u128 lo = num / total, hi = lo + (num % total != 0);
+                CAPTURE(count);
+                CAPTURE(i);
+                CHECK((share[i] >= lo && share[i] <= hi));
+                sum += share[i];
+            }
+            CHECK(sum == count);
+        }
+    }
 }

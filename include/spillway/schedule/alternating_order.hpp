@@ -11,8 +11,9 @@
 ///   0..count-1, each exactly once: ascending when iteration has the same parity as 0 and
 ///   `first` is direction::ascending; the direction flips on every iteration.
 /// - count == 0 gives an empty range; count == 1 gives {0} on every iteration.
-/// - Works with std::ranges algorithms (find, copy, sort, binary_search with the
-///   matching comparator, reverse views, ...). Elements are std::size_t prvalues.
+/// - Works with the non-modifying std::ranges algorithms (find, copy, binary_search with the
+///   matching comparator, reverse views, ...). Elements are std::size_t prvalues, so the
+///   view itself cannot be sorted or permuted in place: copy it to a vector first.
 /// - direction_of(iteration, first) says which way iteration `iteration` goes.
 #pragma once
 

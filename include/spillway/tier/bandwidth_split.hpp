@@ -4,12 +4,15 @@
 ///
 /// Guarantees of split_by_bandwidth(count, bandwidths):
 ///  - the shares sum to `count` exactly, for any number of paths;
-///  - each share is within one of its ideal N * B_i / sum B (floor or ceiling of it);
+///  - each share is within one of its ideal N * B_i / sum B (floor or ceiling of it); the
+///    ideals are computed in long double (64-bit mantissa), so N is limited to 2^62, where
+///    the product N * B_i still rounds to within an item (above it a share could miss by one
+///    or two);
 ///  - a path of bandwidth 0 gets nothing; a single path gets everything;
 ///  - the result is a pure function of the input (ties go to the lower index), so every
 ///    process of a job computes the same placement.
-/// Bad input (no paths, a negative, NaN or infinite bandwidth, all zero) throws
-/// std::invalid_argument naming the offending path index and value.
+/// Bad input (no paths, a negative, NaN or infinite bandwidth, all zero, N above 2^62) throws
+/// std::invalid_argument naming the offending path index and value (or N).
 #pragma once
 
 #include <algorithm>
@@ -24,15 +27,20 @@
 
 namespace spillway {
 
+/// The most items split_by_bandwidth() takes (2^62; see the file comment).
+inline constexpr std::size_t max_split_count = std::size_t{1} << 62;
+
 /// Shares of `count` items proportional to `bandwidths` (any unit; only ratios matter),
 /// with the guarantees of the file comment.
 /// @param count      the items to place (subgroups, blocks, ...)
 /// @param bandwidths one entry per path, each finite and >= 0, at least one positive
 /// @return one share per path, in the order of `bandwidths`, summing to `count`
 /// @throws std::invalid_argument for no paths, a negative, NaN or infinite bandwidth (naming
-///         the path index and value), or all bandwidths 0
+///         the path index and value), all bandwidths 0, or `count` above max_split_count
 inline std::vector<std::size_t> split_by_bandwidth(std::size_t count, std::span<const double> bandwidths) {
     expect_argument(!bandwidths.empty(), std::string("split_by_bandwidth: no paths to split ") + std::to_string(count) + " items over");
+    expect_argument(count <= max_split_count, "split_by_bandwidth: " + std::to_string(count) +
+                                                  " items is more than the 2^62 whose shares it computes exactly");
     long double total = 0;
     for (std::size_t i = 0; i < bandwidths.size(); ++i) {
         double b = bandwidths[i];
