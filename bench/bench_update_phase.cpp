@@ -462,9 +462,16 @@ constexpr const char* node_lock_row = "+node_lock_2proc";
 /// Row 5: two worker processes, each half the parameters and half the buffers, sharing both
 /// paths under node_lock. Protocol, one command byte at a time on a worker's pipe:
 ///   1. 3: backward's hand-over (the gradient check); the worker answers with its seconds;
-///   2. 1: one update call; the worker answers with that call's stats;
+///   2. 1: one update call; the worker answers with that call's stats (ok 1) as soon as the
+///      call returns, then logs the call's transfers (and saves its trace, see 4), then
+///      sends "done" (ok 2). The parent's clock stops at the answers, and it waits for both
+///      "done" before it goes on: as in the other rows, logging is neither timed nor
+///      overlapped with anything timed;
 ///   3. 2 followed by a throttle_config: the new rate of the worker's shm path (no answer);
-///   4. 0 (or a closed pipe): the worker exits.
+///   4. 4: record the next call (hand-over and update) as Chrome trace JSON, saved after step
+///      2 as DIR/<row>.w<k>.json, DIR from SPILLWAY_UPDATE_PHASE_TRACE (no answer). The
+///      parent sends it before the last round's call (trace_next_call), as for the other rows;
+///   5. 0 (or a closed pipe): the worker exits.
 /// A call is step 1, then step 2, for both workers: two data-parallel ranks finish backward,
 /// then step.
 struct two_process_runner : runner {
@@ -514,12 +521,13 @@ struct two_process_runner : runner {
                                   child_args(std::in_place, half_of(bw), std::in_place, shm, disk_options("shm")));
             // The parent's shared thread pool has no threads in this forked child: own one.
             thread_pool pool(compute_threads() - 1);
-            // SPILLWAY_UPDATE_PHASE_TRACE=DIR: each worker records every call and keeps the
-            // latest in DIR/<row>.w<k>.json (the parent cannot see a worker's calls).
+            // SPILLWAY_UPDATE_PHASE_TRACE=DIR: each worker records the call the parent asks
+            // for (command 4: the last round's) in DIR/<row>.w<k>.json (the parent cannot see
+            // a worker's calls).
             const char* trace_dir = std::getenv("SPILLWAY_UPDATE_PHASE_TRACE");
             const bool tracing = trace_dir && *trace_dir;
-            trace::recorder rec(tracing ? trace::recording::enabled : trace::recording::disabled,
-                                "worker " + std::to_string(w));
+            trace::recorder rec(trace::recording::disabled, "worker " + std::to_string(w));
+            bool trace_this_call = false;
             pipeline_options opt;
             opt.pool = &pool;
             opt.recorder = &rec;
@@ -542,6 +550,14 @@ struct two_process_runner : runner {
                     vt.child<1>().inner().set_rate(rate);
                     continue;
                 }
+                if (cmd == 4) {
+                    if (tracing) {
+                        rec.clear();
+                        rec.enable();
+                        trace_this_call = true;
+                    }
+                    continue;
+                }
                 if (cmd == 3) {
                     auto t0 = clk::now();
                     pipe.hand_over_gradients(grads);
@@ -552,17 +568,26 @@ struct two_process_runner : runner {
                     continue;
                 }
                 auto t0 = clk::now();
-                if (tracing) rec.clear();
                 pipe.update(grads, copy);
-                if (tracing) rec.save(fs::path(trace_dir) / (std::string(node_lock_row) + ".w" + std::to_string(w) + ".json"));
-                log_path_ops(vt, std::string(node_lock_row) + ".w" + std::to_string(w), calls++, t0);
+                const double secs = std::chrono::duration<double>(clk::now() - t0).count();
+                if (trace_this_call) rec.disable();
                 const auto& st = pipe.last_stats();
                 sample busy;
                 add_busy(busy, st.children);
-                send({std::chrono::duration<double>(clk::now() - t0).count(), st.read_wait_seconds, st.compute_seconds,
+                // The answer first (the parent's clock stops at it), then the untimed logging.
+                send({secs, st.read_wait_seconds, st.compute_seconds,
                       st.write_wait_seconds, static_cast<double>(st.bytes_read), static_cast<double>(st.bytes_written),
                       static_cast<double>(st.served_from_resident), busy.disk_read_busy, busy.disk_write_busy,
                       busy.shm_read_busy, busy.shm_write_busy, busy.disk_bytes_read, busy.disk_bytes_written, 0, 1});
+                const std::string who = std::string(node_lock_row) + ".w" + std::to_string(w);
+                if (trace_this_call) {
+                    rec.save(fs::path(trace_dir) / (who + ".json"));
+                    trace_this_call = false;
+                }
+                log_path_ops(vt, who, calls++, t0);
+                msg done{};
+                done.ok = 2;
+                send(done);
             }
         } catch (const std::exception& e) {
             std::fprintf(stderr, "worker %d: %s\n", w, e.what());
@@ -580,23 +605,45 @@ struct two_process_runner : runner {
             if (::write(from_parent[w][1], buf, sizeof buf) != static_cast<ssize_t>(sizeof buf))
                 throw std::runtime_error("a node_lock worker is gone");
     }
+    /// Asks both workers to record their next call (protocol step 4).
+    void trace_next_call(const fs::path& /*file*/) override { send_all(4); }
+    void send_all(char cmd) {
+        for (int w = 0; w < workers; ++w)
+            if (::write(from_parent[w][1], &cmd, 1) != 1) throw std::runtime_error("a node_lock worker is gone");
+    }
+    /// The next message from either worker: an answer (ok 1) or "done" (ok 2).
+    msg receive() {
+        msg m{};
+        if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || (m.ok != 1 && m.ok != 2))
+            throw std::runtime_error("a node_lock worker process failed (see stderr)");
+        return m;
+    }
     sample call() override {
-        // Sends `cmd` to every worker and returns their answers (protocol above).
-        auto both = [&](char cmd) {
-            for (int w = 0; w < workers; ++w)
-                if (::write(from_parent[w][1], &cmd, 1) != 1) throw std::runtime_error("a node_lock worker is gone");
-            std::vector<msg> answers(workers);
-            for (auto& m : answers)
-                if (::read(to_parent[0], &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.ok != 1)
-                    throw std::runtime_error("a node_lock worker process failed (see stderr)");
+        // Sends `cmd` to every worker and returns their answers (protocol above); a worker's
+        // "done" that arrives before the other's answer is counted in `done`.
+        auto both = [&](char cmd, int& done) {
+            send_all(cmd);
+            std::vector<msg> answers;
+            while (answers.size() < static_cast<std::size_t>(workers)) {
+                msg m = receive();
+                if (m.ok == 2) ++done;
+                else answers.push_back(m);
+            }
             return answers;
         };
         sample x;
+        int done = 0;
         auto h0 = clk::now();
-        (void)both(3);
+        (void)both(3, done);
         x.handover = std::chrono::duration<double>(clk::now() - h0).count();
         auto t0 = clk::now();
-        for (const msg& m : both(1)) {
+        const auto answers = both(1, done);
+        x.secs = std::chrono::duration<double>(clk::now() - t0).count();
+        // The workers log (and trace) after answering: wait for them, outside the clock, so
+        // that nothing timed next overlaps it.
+        while (done < workers)
+            if (receive().ok == 2) ++done;
+        for (const msg& m : answers) {
             x.read_wait = std::max(x.read_wait, m.read_wait);
             x.compute = std::max(x.compute, m.compute);
             x.write_wait = std::max(x.write_wait, m.write_wait);
@@ -610,7 +657,6 @@ struct two_process_runner : runner {
             x.disk_bytes_read += m.disk_bytes_read;
             x.disk_bytes_written += m.disk_bytes_written;
         }
-        x.secs = std::chrono::duration<double>(clk::now() - t0).count();
         return x;
     }
     ~two_process_runner() override {

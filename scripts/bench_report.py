@@ -15,12 +15,13 @@ What it guarantees:
   counters as a table and, when the rows have `vs_limit`, a plot of it.
 - Figures are medians: a row run with repetitions is reduced to Google Benchmark's `_median`
   aggregate (or the median of its repetitions when only those were kept), and the spread of
-  the ratio (cv) is shown when repetitions exist.
+  the ratio (cv) is shown when repetitions exist. Non-finite values (NaN, inf) are left out of
+  both; a figure with no finite value shows "–".
 - Each section and each plot names the machine (CPU model, CPU count) and the date of its run.
 - Nothing is overwritten unless the whole report was produced: outputs are written to a
   temporary folder first and moved into place at the end. A malformed JSON file is an error
-  naming the file; a section that fails stops the report (or, with --keep-going, prints its
-  error in its place).
+  naming the file; it, or a section that fails, stops the report (or, with --keep-going, its
+  error is printed in the section's place).
 
 The narrative of each section (what is measured, the limit, the goal) lives in
 <narrative>/<section>.md, so it can be edited without touching this script; the numbers,
@@ -133,9 +134,20 @@ def read_json(path: Path):
 
 
 def load_bench(path: Path) -> BenchReport:
+    """The report in `path`; any problem reading it is a ReportError naming the file."""
     doc = read_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise ReportError(f"{path}: not a Google Benchmark JSON report (no 'benchmarks' list)")
+    try:
+        return reduce_bench(path, doc)
+    except ReportError:
+        raise
+    except Exception as e:  # a value of an unexpected type or range
+        raise ReportError(f"{path}: could not be read as a Google Benchmark report ({e!r})") from e
+
+
+def reduce_bench(path: Path, doc: dict) -> BenchReport:
+    """load_bench's work: the entries of `doc` grouped into rows, their repetitions reduced."""
     order: list[str] = []
     samples: dict[str, dict[str, list[float]]] = {}
     aggregates: dict[str, dict[str, dict[str, float]]] = {}
@@ -157,8 +169,12 @@ def load_bench(path: Path) -> BenchReport:
             row.error = entry.get("error_message", "error")
             continue
         row.repetitions = max(row.repetitions, int(entry.get("repetitions", 1) or 1))
+        # Non-finite values (NaN, inf: a counter divided by zero) are dropped, in repetitions
+        # and aggregates alike: the median and cv are of the finite ones, and a metric with
+        # none is absent from the row ("–").
         metrics = {k: float(v) for k, v in entry.items()
-                   if k not in _META_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                   if k not in _META_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)}
         if entry.get("run_type") == "aggregate":
             aggregates[run][entry.get("aggregate_name", "")] = metrics
         else:
@@ -757,8 +773,9 @@ _UPDATE_NAMES = {
     "+node_lock_2proc": "+ node_lock, 2 processes",
     "baseline_read_ahead": "reference: baseline reading ahead (whole budget)",
 }
-# The row the goal is about, and the reference that is not part of the ablation.
-_UPDATE_FULL, _UPDATE_REFERENCE = "+node_lock_2proc", "baseline_read_ahead"
+# The ablation's baseline (the speedups are over it), the row the goal is about, and the
+# reference that is not part of the ablation (bench_update_phase.cpp's row names).
+_UPDATE_BASELINE, _UPDATE_FULL, _UPDATE_REFERENCE = "baseline", "+node_lock_2proc", "baseline_read_ahead"
 _DISK_UNDER_ADAM_ROW = re.compile(r"^disk_under_adam/threads:(\d+)")
 UPDATE_GOAL_SPEEDUP, UPDATE_GOAL_VS_LIMIT = 2.3, 0.9
 
@@ -790,18 +807,29 @@ def render_update(rep: BenchReport, ctx: Context) -> SectionOutput:
                        f"{fmt(gb(shm))} GB/s; optimizer state {fmt(first.get('state_GiB'), 3)} GiB, host buffers "
                        f"{fmt(first.get('buffer_GiB'), 2)} GiB.\n")
         out.append(contention_table(contended))
+        # The comparison's rows by their names: a row that was not run (or failed) is absent,
+        # and its figures print as "–", never another row's.
         ablation = [(k, r) for k, r in rows if k != _UPDATE_REFERENCE]
-        full_key, full = next(((k, r) for k, r in ablation if k == _UPDATE_FULL), ablation[-1])
-        out.append("**Next to MLP-Offload's published table.** Source: " + MLP_OFFLOAD_PUBLISHED["source"] +
-                   ".\n\n" + comparison_table(ablation, full))
+        named = dict(ablation)
+        base, full = named.get(_UPDATE_BASELINE), named.get(_UPDATE_FULL)
+        if ablation:
+            out.append("**Next to MLP-Offload's published table.** Source: " + MLP_OFFLOAD_PUBLISHED["source"] +
+                       ".\n\n" + comparison_table(ablation, base, full))
+        else:
+            out.append("_No row of the ablation was measured (only the reference): no comparison with "
+                       "MLP-Offload._\n")
         out.append(figure_update(rows, rep, ctx))
-        sp, vs = full.get("speedup"), full.get("vs_limit")
-        heads.append(Headline(f"Update phase, full configuration ({_UPDATE_NAMES.get(full_key, full_key)})",
-                              f"speedup ≥ {UPDATE_GOAL_SPEEDUP}, vs_limit ≥ {UPDATE_GOAL_VS_LIMIT}",
-                              f"speedup {fmt(sp)} ({fmt(full.get('speedup_with_handover'))} with hand-over), "
-                              f"vs_limit {fmt(vs)}",
-                              None if sp is None or vs is None else
-                              (sp >= UPDATE_GOAL_SPEEDUP and vs >= UPDATE_GOAL_VS_LIMIT)))
+        full_name = f"Update phase, full configuration ({_UPDATE_NAMES[_UPDATE_FULL]})"
+        goal = f"speedup ≥ {UPDATE_GOAL_SPEEDUP}, vs_limit ≥ {UPDATE_GOAL_VS_LIMIT}"
+        if full is None:
+            heads.append(Headline(full_name, goal, f"not measured (no `{_UPDATE_FULL}` row)", None))
+        else:
+            sp, vs = full.get("speedup"), full.get("vs_limit")
+            heads.append(Headline(full_name, goal,
+                                  f"speedup {fmt(sp)} ({fmt(full.get('speedup_with_handover'))} with hand-over), "
+                                  f"vs_limit {fmt(vs)}",
+                                  None if sp is None or vs is None else
+                                  (sp >= UPDATE_GOAL_SPEEDUP and vs >= UPDATE_GOAL_VS_LIMIT)))
     out.append(other_rows(rest))
     out.append(skipped_rows(rep.rows))
     return SectionOutput("\n".join(x for x in out if x), heads)
@@ -826,37 +854,42 @@ def busy_percent(fraction) -> str:
     return fmt(100 * fraction if fraction is not None else None, 0, "%")
 
 
-def comparison_table(rows, full) -> str:
-    """MLP-Offload's published figures beside this run's: `rows` the ablation (baseline first),
-    `full` the row the goal is about."""
+def comparison_table(rows, base: Row | None, full: Row | None) -> str:
+    """MLP-Offload's published figures beside this run's: `rows` the ablation (the reference
+    excluded), `base` its baseline row and `full` the row the goal is about, each None when it
+    was not measured (its figures are then "–")."""
     pub = MLP_OFFLOAD_PUBLISHED
-    base = rows[0][1]
-    speeds = [r.get("speedup") for _, r in rows[1:] if r.get("speedup") is not None]
+    speeds = [r.get("speedup") for k, r in rows if k != _UPDATE_BASELINE and r.get("speedup") is not None]
+    best = f"best row {fmt(max(speeds))}x" if speeds else "best row –"
+    # The figures of `base` and `full` are read through these: None where the row is absent.
+    b = base.get if base is not None else (lambda key: None)
+    f = full.get if full is not None else (lambda key: None)
     sp_pub = pub["update_speedup"]
     lines = []
     lines.append(["update speedup, full configuration",
                   f"{min(sp_pub.values()):.2f}-{max(sp_pub.values()):.2f}x ("
                   + ", ".join(f"{k} {v:.2f}x" for k, v in sp_pub.items()) + ")",
-                  f"{fmt(full.get('speedup'))}x ({fmt(full.get('speedup_with_handover'))}x with hand-over); "
-                  f"best row {fmt(max(speeds) if speeds else None)}x"])
-    subgroups = full.get("subgroups")
-    resident = full.get("served_resident")
+                  (f"{fmt(f('speedup'))}x ({fmt(f('speedup_with_handover'))}x with hand-over); "
+                   if f("speedup") is not None else "–; ") + best])
+    subgroups = f("subgroups")
+    resident = f("served_resident")
     lines.append(["subgroups served from host memory",
                   f"{pub['resident_subgroups_percent'][0]}-{pub['resident_subgroups_percent'][1]}%",
                   f"{fmt(100 * resident / subgroups, 0)}% ({fmt(resident, 0)} of {fmt(subgroups, 0)})"
-                  if resident is not None and subgroups else f"{fmt(resident, 0)} subgroups"])
+                  if resident is not None and subgroups else
+                  f"{fmt(resident, 0)} subgroups" if resident is not None else "–"])
     rw, up = pub["baseline_read_wait"]
-    base_share = (base.get("read_wait_s") / base.get("update_s")
-                  if base.get("read_wait_s") is not None and base.get("update_s") else None)
+    base_share = b("read_wait_s") / b("update_s") if b("read_wait_s") is not None and b("update_s") else None
     lines.append(["baseline update time waiting for reads", f"{100 * rw / up:.0f}% (52B: {rw:.0f} of {up:.0f} s)",
                   fmt(100 * base_share if base_share is not None else None, 0, "%")])
     lo, hi = pub["iteration_speedup"]
     lines.append(["iteration speedup", f"{lo:.2f}-{hi:.2f}x", "not measured (the update phase alone)"])
     lo, hi = pub["backward_speedup"]
     lines.append(["backward: fp32 gradient hand-over", f"removed (backward {lo:.0f}-{hi:.0f}x faster)",
-                  f"{fmt(base.get('handover_s'))} s in the baseline, {fmt(full.get('handover_s'))} s in the full row"])
-    params = base.get("state_GiB") * 2**30 / 12 if base.get("state_GiB") else None
-    rate = [params / r.get("update_s") / 1e9 if params and r.get("update_s") else None for r in (base, full)]
+                  f"{fmt(b('handover_s'), 2, ' s')} in the baseline, {fmt(f('handover_s'), 2, ' s')} in the full row"])
+    state = b("state_GiB") or f("state_GiB")  # the same state in every row
+    params = state * 2**30 / 12 if state else None
+    rate = [params / get("update_s") / 1e9 if params and get("update_s") else None for get in (b, f)]
     g_lo, g_hi = pub["update_gparams_per_s"]
     lines.append(["update throughput, G params/s",
                   f"{pub['update_gparams_per_s_baseline']} baseline, {g_lo}-{g_hi} (per 4-GPU node)",
@@ -888,7 +921,7 @@ def figure_update(rows, rep: BenchReport, ctx: Context) -> str:
     ax.set_title("Where the update phase's time goes, against its storage floor", fontsize=9)
     ax.legend(fontsize=6, loc="lower right")
     pub = MLP_OFFLOAD_PUBLISHED["update_speedup"]
-    ours = [(k, r) for k, r in rows[1:] if r.get("speedup") is not None]
+    ours = [(k, r) for k, r in rows if k != _UPDATE_BASELINE and r.get("speedup") is not None]
     x_ours = list(range(len(ours)))
     b1 = ax2.bar([x - 0.2 for x in x_ours], [r.get("speedup") for _, r in ours], 0.38, color="tab:blue",
                  label="Spillway: update")
@@ -1294,12 +1327,15 @@ def build_report(json_dir: Path, out_img: Path, narrative_dir: Path, keep_going:
             text.append(not_measured(s, ctx))
             summary.append(Headline(s.what, "", "not measured", None))
         else:
-            rep = load_bench(path)
-            text.append(machine_line(rep))
             try:
+                rep = load_bench(path)
+                text.append(machine_line(rep))
                 result = s.render(rep, ctx)
-            except ReportError:
-                raise
+            except ReportError as e:  # names the file
+                if not keep_going:
+                    raise
+                errors.append(f"{s.key}: {e}")
+                result = SectionOutput(f"**This section could not be generated**: `{e}`.\n")
             except Exception as e:  # a section that cannot read its JSON any more
                 if not keep_going:
                     raise ReportError(f"section '{s.key}' failed on {path}: {e!r}\n{traceback.format_exc()}") from e

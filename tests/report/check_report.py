@@ -9,7 +9,12 @@ Checks, on real (smoke-size, trimmed) benchmark output:
 2. A missing JSON gives the "not measured" text with the command, and the rest still renders;
    a JSON no section knows gets a generic section; rows and counters added to a known
    benchmark are listed, not dropped.
-3. A malformed JSON is an error naming the file, and the previous report stays untouched.
+3. A malformed JSON is an error naming the file, and the previous report stays untouched;
+   with --keep-going the other sections are written and the error stands in its section.
+4. Non-finite values (NaN) are left out of medians and cv; a figure with none shows "–".
+5. The update section's comparison with MLP-Offload finds its rows by name: without the
+   baseline its figures are "–" (not another row's), and with only the reference row the
+   section still renders.
 """
 
 import argparse
@@ -17,7 +22,10 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
+import re
 import shutil
+import statistics
 import sys
 import unittest
 from pathlib import Path
@@ -44,10 +52,10 @@ def load_script():
     return module
 
 
-def run_report(report, json_dir: Path, out: Path) -> tuple[int, str]:
+def run_report(report, json_dir: Path, out: Path, *extra: str) -> tuple[int, str]:
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        rc = report.main(["--json-dir", str(json_dir), "--out", str(out)])
+        rc = report.main(["--json-dir", str(json_dir), "--out", str(out), *extra])
     return rc, err.getvalue()
 
 
@@ -190,6 +198,132 @@ class ReportTest(unittest.TestCase):
         self.assertEqual((out / "benchmarks.md").read_text(), "previous report\n")
         self.assertFalse((out / "img").exists() and any((out / "img").iterdir()))
 
+    def test_unreadable_values_name_file_and_keep_going_goes_on(self):
+        d = self.copy_fixtures("badvalue", [p.stem for p in self.fixtures.glob("*.json")])
+        adam = json.loads((d / "adam.json").read_text())
+        adam["benchmarks"][0]["repetitions"] = "five"  # valid JSON, not a count
+        (d / "adam.json").write_text(json.dumps(adam))
+        rc, err = run_report(self.report, d, self.work / "badvalue-out")
+        self.assertNotEqual(rc, 0)
+        self.assertIn(str(d / "adam.json"), err)
+        self.assertNotIn("Traceback", err)
+        self.assertFalse((self.work / "badvalue-out" / "benchmarks.md").exists())
+        out = self.work / "badvalue-keep-out"
+        rc, err = run_report(self.report, d, out, "--keep-going")
+        self.assertEqual(rc, 1)
+        self.assertIn("adam", err)
+        sections = sections_of((out / "benchmarks.md").read_text())
+        adam_text = sections[next(s.title for s in self.report.SECTIONS if s.key == "adam")]
+        self.assertIn("**This section could not be generated**", adam_text)
+        self.assertIn(str(d / "adam.json"), adam_text)
+        self.assertIn("| --- |", sections[self.report.SECTIONS[0].title])  # the others are there
+
+    def test_nan_repetitions_are_left_out(self):
+        # The tiers' JSON with NaN counters (Google Benchmark writes a counter divided by zero
+        # as NaN): one row's vs_limit NaN everywhere, repetitions and aggregates; another row
+        # with a third repetition whose vs_limit is NaN and bytes_per_second inf, and no
+        # aggregates, so that its median and cv come from the repetitions.
+        d = self.copy_fixtures("nan", [p.stem for p in self.fixtures.glob("*.json")])
+        tiers = json.loads((d / "tiers.json").read_text())
+        runs = {}
+        for b in tiers["benchmarks"]:
+            if b.get("run_type") == "iteration" and "vs_limit" in b:
+                runs.setdefault(b.get("run_name", b["name"]), []).append(b)
+        multi = [name for name, entries in runs.items() if len(entries) >= 2]
+        self.assertGreaterEqual(len(multi), 2, "the tiers fixture needs two rows with repetitions")
+        name_all, name_one = multi[0], multi[1]
+        for b in tiers["benchmarks"]:
+            if b.get("run_name", b["name"]) == name_all:
+                b["vs_limit"] = float("nan")
+        finite = [b["vs_limit"] for b in runs[name_one]]
+        extra = dict(runs[name_one][0], repetition_index=len(finite), vs_limit=float("nan"),
+                     bytes_per_second=float("inf"))
+        tiers["benchmarks"] = [b for b in tiers["benchmarks"]
+                               if not (b.get("run_name", b["name"]) == name_one and b.get("run_type") == "aggregate")]
+        tiers["benchmarks"].append(extra)
+        (d / "tiers.json").write_text(json.dumps(tiers))
+        self.assertIn("NaN", (d / "tiers.json").read_text())
+        rep = self.report.load_bench(d / "tiers.json")
+        by = {r.name: r for r in rep.rows}
+        self.assertIsNone(by[name_all].get("vs_limit"))
+        self.assertNotIn("vs_limit", by[name_all].cv)
+        self.assertAlmostEqual(by[name_one].get("vs_limit"), statistics.median(finite))
+        self.assertAlmostEqual(by[name_one].cv["vs_limit"], statistics.stdev(finite) / statistics.fmean(finite))
+        self.assertTrue(math.isfinite(by[name_one].get("bytes_per_second")))
+        out = self.work / "nan-out"
+        rc, err = run_report(self.report, d, out)
+        self.assertEqual(rc, 0, err)
+        tiers_text = sections_of((out / "benchmarks.md").read_text())[self.report.SECTIONS[0].title]
+        self.assertNotRegex(tiers_text, r"\b(nan|inf)\b")
+        self.assertRegex(tiers_text, r"\| – \|")  # the row without a finite vs_limit
+
+    def update_variant(self, name: str, keep) -> Path:
+        """The fixtures with update.json's update_phase rows other than `keep` (names) turned
+        into skipped rows, as SPILLWAY_UPDATE_PHASE_ROWS leaves them; without the baseline, the
+        rows have no speedup (it is over the baseline)."""
+        d = self.copy_fixtures(name, [p.stem for p in self.fixtures.glob("*.json")])
+        doc = json.loads((d / "update.json").read_text())
+        for b in doc["benchmarks"]:
+            m = re.match(r"update_phase/([^/]+)/", b["name"])
+            if not m:
+                continue
+            if m.group(1) not in keep:
+                for k in [k for k in b if k not in ("name", "run_name", "run_type", "repetitions",
+                                                      "repetition_index", "threads", "iterations", "real_time",
+                                                      "cpu_time", "time_unit", "family_index",
+                                                      "per_family_instance_index")]:
+                    del b[k]
+                b.update(error_occurred=True, error_message="not selected (SPILLWAY_UPDATE_PHASE_ROWS)")
+            elif "baseline" not in keep:
+                b.pop("speedup", None)
+                b.pop("speedup_with_handover", None)
+        (d / "update.json").write_text(json.dumps(doc))
+        return d
+
+    def update_section(self, d: Path, out: Path) -> tuple[str, str]:
+        """The update section's text and its summary line."""
+        rc, err = run_report(self.report, d, out)
+        self.assertEqual(rc, 0, err)
+        text = (out / "benchmarks.md").read_text()
+        update = next(s for s in self.report.SECTIONS if s.key == "update")
+        head = next(x for x in text.split("\n## ")[0].splitlines() if x.startswith("| Update phase, full"))
+        return sections_of(text)[update.title], head
+
+    def test_update_comparison_without_baseline(self):
+        doc = json.loads((self.fixtures / "update.json").read_text())
+        rows = {r["name"].split("/")[1]: r for r in doc["benchmarks"] if r["name"].startswith("update_phase/")}
+        d = self.update_variant("nobaseline", {"+lazy_widening", "+alternating_resident", "+second_path",
+                                               "+node_lock_2proc", "baseline_read_ahead"})
+        body, head = self.update_section(d, self.work / "nobaseline-out")
+        # The baseline's figures are "–", not those of the first row left (lazy widening).
+        self.assertIn("| baseline update time waiting for reads | 97% (52B: 202 of 209 s) | – |", body)
+        self.assertIn("| – in the baseline, ", body)
+        self.assertIn("| – baseline, ", body)
+        lazy = rows["+lazy_widening"]
+        self.assertNotIn(f"| {fmt_pct(lazy['read_wait_s'] / lazy['update_s'])} |", body)
+        # The full row is still found by its name.
+        full = rows["+node_lock_2proc"]
+        self.assertIn(f"vs_limit {full['vs_limit']:.2f}", head)
+        self.assertIn("update_phase/baseline/", body)  # among the skipped rows
+        self.assertTrue((self.work / "nobaseline-out" / "img" / "bench_update_phase.png").exists())
+
+    def test_update_comparison_only_reference(self):
+        d = self.update_variant("onlyref", {"baseline_read_ahead"})
+        body, head = self.update_section(d, self.work / "onlyref-out")
+        self.assertNotIn("MLP-Offload (published)", body)
+        self.assertIn("No row of the ablation was measured", body)
+        self.assertIn("reference: baseline reading ahead", body)  # its row in the table
+        self.assertIn("not measured", head)
+
+    def test_update_comparison_without_full_row(self):
+        d = self.update_variant("nofull", {"baseline", "+lazy_widening", "+alternating_resident", "+second_path",
+                                           "baseline_read_ahead"})
+        body, head = self.update_section(d, self.work / "nofull-out")
+        self.assertIn("| update speedup, full configuration | ", body)
+        self.assertIn("| –; best row ", body)  # no other row's speedup as the full row's
+        self.assertIn(" s in the baseline, – in the full row |", body)
+        self.assertIn("not measured", head)
+
     def test_repetitions_reduce_to_medians(self):
         d = self.work / "medians"
         d.mkdir()
@@ -212,6 +346,10 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(by["a"].cv["vs_limit"], 0.25)
         self.assertEqual(by["a"].seconds(), 7.0)
         self.assertEqual(by["e"].error, "no fio")
+
+
+def fmt_pct(share: float) -> str:
+    return f"{100 * share:.0f}%"
 
 
 def main():
