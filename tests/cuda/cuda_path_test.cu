@@ -2,7 +2,9 @@
 // registered I/O buffers, staged tier <-> device round trips of random sizes over a host and a
 // file tier, the pageable copies through the staging ring, the Thrust optimizer kernels on
 // the GPU against the CPU step, and the activation stash with device tensors (compute never
-// waits, exact round trips through a file tier, prefetch).
+// waits, exact round trips through a file tier, prefetch). Consecutive ring calls on two
+// streams do not overwrite a slot still being read; a prefetch never writes its destination
+// after release() or after the load() of a newer prefetch.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -176,6 +178,44 @@ TEST_CASE("copy_to_device and copy_from_device: pageable memory through the ring
     cudaStreamDestroy(s);
 }
 
+TEST_CASE("staging ring on two streams: a device-to-host copy waits for the earlier call's copy out of the slot") {
+    const std::size_t chunk = 64 * 1024, n = 2 * chunk;  // one chunk per slot
+    sc::staging_ring ring(chunk, 2);
+    cudaStream_t a, b;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    auto first = test::random_bytes(n, 31), second = test::random_bytes(n, 32);
+    device_bytes src(n);
+    cudaMemcpy(src.ptr, second.data(), n, cudaMemcpyHostToDevice);
+    {  // pageable copies: copy_to_device on a, then copy_from_device on b
+        device_bytes dst(n);
+        spin(a, 200);  // a's copies out of the slots start late: they still need them below
+        sc::copy_to_device(dst.ptr, first, a, ring);
+        std::vector<std::byte> back(n);
+        sc::copy_from_device(back, src.ptr, b, ring);
+        cudaStreamSynchronize(a);
+        CHECK(back == second);
+        CHECK(to_host(dst) == first);
+    }
+    {  // staged copies: stage_to_device on a, then stage_from_device on b
+        host_tier tier;
+        device_bytes staged(n), dst(n);
+        cudaMemcpy(staged.ptr, first.data(), n, cudaMemcpyHostToDevice);
+        sc::stage_from_device(tier, "first", staged.ptr, n, a, ring);
+        spin(a, 200);
+        sc::stage_to_device(tier, "first", dst.ptr, n, a, ring);
+        sc::stage_from_device(tier, "second", src.ptr, n, b, ring);
+        cudaStreamSynchronize(a);
+        CHECK(to_host(dst) == first);
+        device_bytes again(n);
+        sc::stage_to_device(tier, "second", again.ptr, n, b, ring);
+        cudaStreamSynchronize(b);
+        CHECK(to_host(again) == second);
+    }
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+}
+
 TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical to the CPU, the norm within 1e-12") {
     constexpr std::size_t n = (std::size_t{1} << 20) + 33;
     std::mt19937 rng(21);
@@ -274,5 +314,59 @@ TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through
     stash.flush();
     CHECK(host.stats().bytes_offloaded > 0);
     CHECK_THROWS_AS(stash.load(handles[0], acts[0].ptr, compute), std::invalid_argument);
+    cudaStreamDestroy(compute);
+}
+
+TEST_CASE("device_stash: a prefetch never writes its destination after release() or after a newer prefetch's load()") {
+    host_tier tier;
+    activation_stash<host_tier> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<host_tier> stash(host, {.chunk_bytes = 64 * 1024});
+    cudaStream_t compute;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    const std::size_t count = 100000;  // floats
+    const std::size_t n = count * sizeof(float);
+    const auto original = test::random_bytes(n, 77);
+    device_bytes act(n), dst(n);
+    cudaMemcpy(act.ptr, original.data(), n, cudaMemcpyHostToDevice);
+    auto save = [&](int id) {
+        tensor_desc desc;
+        desc.name = "t" + std::to_string(id);
+        desc.storage_id = static_cast<std::uint64_t>(id);
+        desc.type = dtype::f32;
+        desc.shape = {static_cast<std::int64_t>(count)};
+        auto h = stash.save(desc, act.ptr, compute);
+        stash.wait_copied(h);
+        return h;
+    };
+    stash.begin_layer(0);
+    auto h1 = save(1), h2 = save(2);
+    stash.end_layer();
+    stash.start_backward();
+    const std::vector<std::byte> marker(n, std::byte{0xAB});
+
+    // prefetch then release without a load: once release() returned, dst is the caller's.
+    spin(stash.side_stream(), 200);  // the copy in is still pending when release() is called
+    stash.prefetch(h1, dst.ptr);
+    stash.release(h1);
+    cudaMemsetAsync(dst.ptr, 0xAB, n, compute);
+    cudaStreamSynchronize(compute);
+    stash.flush();
+    cudaStreamSynchronize(stash.side_stream());
+    CHECK(to_host(dst) == marker);
+
+    // The same destination prefetched twice: load() waits for the newer prefetch, and no
+    // copy in writes dst after it returned.
+    spin(stash.side_stream(), 200);
+    stash.prefetch(h2, dst.ptr);
+    stash.prefetch(h2, dst.ptr);
+    stash.load(h2, dst.ptr, compute);
+    cudaStreamSynchronize(compute);
+    CHECK(to_host(dst) == original);
+    cudaMemsetAsync(dst.ptr, 0xAB, n, compute);
+    cudaStreamSynchronize(compute);
+    stash.flush();
+    cudaStreamSynchronize(stash.side_stream());
+    CHECK(to_host(dst) == marker);
+    stash.release(h2);
     cudaStreamDestroy(compute);
 }

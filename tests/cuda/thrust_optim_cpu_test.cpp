@@ -57,6 +57,7 @@ void check_adam_matches_cpu(bool with_copy) {
     std::normal_distribution<float> d(0.0f, 1.0f);
     std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
     for (auto& x : p) x = d(rng);
+    const std::vector<float> p0 = p;  // the initial params
     auto p2 = p, m2 = m, v2 = v;
     std::vector<Copy> copy(with_copy ? n : 0), copy2(with_copy ? n : 0);
     adamw_config config{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
@@ -73,7 +74,7 @@ void check_adam_matches_cpu(bool with_copy) {
     CHECK(mismatches(m, m2) == 0);
     CHECK(mismatches(v, v2) == 0);
     if (with_copy) CHECK(mismatches(copy, copy2) == 0);
-    CHECK(mismatches(p, std::vector<float>(n, 0.0f)) > n / 2);  // the params really moved
+    CHECK(mismatches(p2, p0) > n / 2);  // the params really moved (a step with lr = 0 would fail here)
 }
 }  // namespace
 
@@ -164,4 +165,8 @@ TEST_CASE("thrust check_gradients: the norm within 1e-12 of a long double refere
     CHECK_FALSE(std::isfinite(bad.norm));
     CHECK_THROWS_WITH_AS(spillway::cuda::check_gradients(thrust::device, std::span<const bfloat16>(g), 0.0f),
                          doctest::Contains("grad_scale = 0"), std::invalid_argument);
+    // The CPU's rule: 1/grad_scale must be finite in float too (below 1/FLT_MAX it is not).
+    CHECK_THROWS_WITH_AS(spillway::cuda::check_gradients(thrust::device, std::span<const bfloat16>(g), 1e-39f),
+                         doctest::Contains("grad_scale = 1e-39"), std::invalid_argument);
+    CHECK_THROWS_AS(spillway::grad_sum_squares(std::span<const bfloat16>(g), 1e-39f), std::invalid_argument);
 }

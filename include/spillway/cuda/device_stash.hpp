@@ -17,8 +17,11 @@
 //   start_backward() belongs to the forward pass whatever the copies' timing.
 // - The caller keeps a saved tensor's device memory unchanged until copied() is true (or
 //   wait_copied() returned). A prefetch destination stays reserved (it may be written)
-//   until the tensor's load() into it returned or the tensor is released; load(handle,
-//   dst, stream) writes dst ahead of the work enqueued on `stream` after the call. Misuse of a handle (empty, released) is
+//   until the tensor's load() into it returned or the tensor is released: after either,
+//   no prefetch of the tensor writes it any more (only the newest prefetch of a tensor
+//   copies in and completes a load(); release() waits for copies in that no load() ordered
+//   a stream after). load(handle, dst, stream) writes dst ahead of the work enqueued on
+//   `stream` after the call. Misuse of a handle (empty, released) is
 //   std::invalid_argument naming the tensor; a failed copy or tier error is rethrown by
 //   wait_copied() and load() with the tensor named.
 // - Thread-safe, like the host stash. The host stash must outlive the device_stash; it may
@@ -31,12 +34,20 @@
 //     stash's pool, copy the device bytes into it through the pinned staging ring
 //     (copy_from_device: chunked, double-buffered), hand it to activation_stash::save; the
 //     tensor is now copied() and its device memory free for reuse.
-//  3. prefetch(handle, dst) ahead of backward queues the way back: activation_stash::load
-//     (a tier read if the tensor was offloaded), then copy_to_device into dst on the side
-//     stream, then event `arrived` recorded after it.
-//  4. load(handle, dst, stream): queue the prefetch if it was not (or went elsewhere), wait
-//     on the host until its copies are enqueued, make `stream` wait for `arrived`.
-//  5. release(handle): queued after the tensor's other work; activation_stash::release.
+//  3. prefetch(handle, dst) ahead of backward queues the way back as the tensor's newest
+//     prefetch (a generation count): activation_stash::load (a tier read if the tensor was
+//     offloaded), then copy_to_device into dst on the side stream, then event `arrived`
+//     recorded after it. The mover skips a prefetch that is no longer the newest or whose
+//     tensor was released; one superseded while it runs copies, but marks nothing arrived.
+//     A failed copy in waits for the copies it enqueued before it reports.
+//  4. load(handle, dst, stream): queue the prefetch if it was not (or went elsewhere, or
+//     failed), wait on the host until the newest prefetch's copies are enqueued, make
+//     `stream` wait for `arrived` (recorded after every copy in queued before).
+//  5. release(handle): mark the tensor released (its queued prefetches are skipped), wait
+//     for a prefetch of it the mover is running, then, when copies in were enqueued that no
+//     load() made a stream wait for, wait on the host for them (`arrived`), so every
+//     prefetch destination is free when release() returns; queue activation_stash::release
+//     after the tensor's other work.
 #pragma once
 
 #include <condition_variable>
@@ -88,8 +99,11 @@ struct device_entry {
     bool copied = false;             // step 2 finished (or failed: error)
     std::exception_ptr error;        // why step 2 failed
     void* prefetch_target = nullptr;  // where the last prefetch copies to
-    bool arrival_enqueued = false;    // its copies are on the side stream
-    std::exception_ptr load_error;    // why the last prefetch failed
+    std::uint64_t prefetch_generation = 0;  // bumped by every prefetch: only the newest one's job acts
+    bool arrival_enqueued = false;    // the newest prefetch's copies are on the side stream
+    std::exception_ptr load_error;    // why the newest prefetch failed
+    bool copying_in = false;          // the mover runs a prefetch of this tensor (step 3)
+    bool copies_unwaited = false;     // copies in were enqueued that no load() made a stream wait for
     bool released = false;
     ~device_entry() {
         if (produced) cudaEventDestroy(produced);  // deferred by CUDA until pending waits end
@@ -217,20 +231,32 @@ public:
         auto& e = entry_of(handle, "load");
         std::unique_lock lock(mutex_);
         if (e.prefetch_target != device_dst || e.load_error) start_prefetch(handle.entry_, e, device_dst);
+        const std::uint64_t generation = e.prefetch_generation;
         cv_.wait(lock, [&] { return e.arrival_enqueued || e.load_error; });
         if (e.load_error) std::rethrow_exception(e.load_error);
         lock.unlock();
         check_cuda(cudaStreamWaitEvent(compute, e.arrived, 0), "cudaStreamWaitEvent", "device_stash::load of " + e.label);
+        lock.lock();
+        // `compute` now waits for every copy in enqueued so far (one side stream, `arrived`
+        // recorded after the newest): release() need not wait for them on the host.
+        if (e.prefetch_generation == generation) e.copies_unwaited = false;
     }
 
     /// Drops the handle's reference, after the tensor's queued work (life cycle, step 5).
-    /// Throws std::invalid_argument on a misused handle.
+    /// Blocks the host only while a prefetch of the tensor is running, or its copies into a
+    /// destination no load() waited for are in flight: once it returns, no prefetch writes
+    /// any destination of the tensor. Throws std::invalid_argument on a misused handle.
     void release(device_handle& handle) {
         auto& e = entry_of(handle, "release");
+        bool wait_copies = false;
         {
-            std::lock_guard lock(mutex_);
-            e.released = true;
+            std::unique_lock lock(mutex_);
+            e.released = true;  // queued prefetches of the tensor are skipped
+            cv_.wait(lock, [&] { return !e.copying_in; });
+            wait_copies = std::exchange(e.copies_unwaited, false);
         }
+        // An error here is the context's (sticky): no copy runs any more, nothing to wait for.
+        if (wait_copies) cudaEventSynchronize(e.arrived);
         enqueue([this, entry = handle.entry_] {
             if (entry->host.valid()) host_.release(entry->host);
         });
@@ -274,12 +300,13 @@ private:
         cv_.notify_all();
     }
 
-    // Called with mutex_ held.
+    // Called with mutex_ held. The job is the tensor's newest prefetch (life cycle, step 3).
     void start_prefetch(const std::shared_ptr<detail::device_entry>& entry, detail::device_entry& e, void* dst) {
         e.prefetch_target = dst;
         e.arrival_enqueued = false;
         e.load_error = nullptr;
-        jobs_.push_back([this, entry, dst] { copy_in(*entry, dst); });
+        const std::uint64_t generation = ++e.prefetch_generation;
+        jobs_.push_back([this, entry, dst, generation] { copy_in(*entry, dst, generation); });
         cv_.notify_all();
     }
 
@@ -324,24 +351,34 @@ private:
     }
 
     // Life cycle, step 3.
-    void copy_in(detail::device_entry& e, void* dst) {
+    void copy_in(detail::device_entry& e, void* dst, std::uint64_t generation) {
         std::exception_ptr error;
+        bool copying = false;  // copies into dst may be enqueued
         try {
             {
                 std::lock_guard lock(mutex_);
-                if (e.prefetch_target != dst) return;  // superseded before it started
+                if (e.released || e.prefetch_generation != generation) return;  // superseded before it started
+                e.copying_in = true;  // release() waits for the end of this job
                 if (e.error) std::rethrow_exception(e.error);
             }
             auto bytes = host_.load(e.host);
+            copying = true;
             copy_to_device(dst, bytes, side_, ring_);
             check_cuda(cudaEventRecord(e.arrived, side_), "cudaEventRecord", "device_stash: copy in of " + e.label);
         } catch (...) {
             error = std::current_exception();
+            if (copying) cudaStreamSynchronize(side_);  // the copies already enqueued end before it reports
         }
-        std::lock_guard lock(mutex_);
-        if (e.prefetch_target != dst) return;  // a newer prefetch went elsewhere
-        e.arrival_enqueued = !error;
-        e.load_error = error;
+        {
+            std::lock_guard lock(mutex_);
+            e.copying_in = false;
+            if (copying && !error) e.copies_unwaited = true;
+            if (e.prefetch_generation == generation) {  // else a newer prefetch (or load) owns the outcome
+                e.arrival_enqueued = !error;
+                e.load_error = error;
+            }
+        }
+        cv_.notify_all();
     }
 
     activation_stash<Tier>& host_;

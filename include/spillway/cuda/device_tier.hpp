@@ -3,8 +3,12 @@
 // Guarantees:
 // - Blobs live in device memory from the stream-ordered allocator (cudaMallocAsync). All
 //   work runs on one non-blocking stream owned by the tier, so operations execute in the
-//   order they were issued; a completion is signalled by a host function enqueued after
-//   the copy (cudaLaunchHostFunc), so write() and read() never wait for the GPU.
+//   order they were issued; a completion is signalled by a stream callback enqueued after
+//   the copy (cudaStreamAddCallback), so write() and read() never wait for the GPU.
+// - A completion never hangs: the callback runs even when the stream or the context has
+//   failed (cudaLaunchHostFunc's host function would not, and the handle would wait
+//   forever), and then fails the operation with std::system_error in cuda_category()
+//   naming the key and size; a callback that cannot be enqueued fails the operation at once.
 // - Pinned caller buffers (cuda::pinned_buffer) give truly asynchronous copies; pageable
 //   buffers work too, with the CUDA runtime staging them.
 // - The storage_tier contract holds: a missing key is std::system_error(ENOENT) naming the
@@ -16,7 +20,7 @@
 //   1. allocate the new blob and enqueue the host-to-device copy on the tier's stream;
 //   2. swap the new blob into the index at once, so later reads enqueue after the copy;
 //   3. enqueue cudaFreeAsync of the old blob: it runs after every read already enqueued.
-// - Destruction synchronises the stream (every host function has then run), frees every
+// - Destruction synchronises the stream (every callback has then run), frees every
 //   blob and destroys the stream. Requires the CUDA runtime; the device must outlive it.
 #pragma once
 
@@ -222,25 +226,41 @@ private:
         void* ptr = nullptr;
         std::size_t nbytes = 0;
     };
-    // What the host function finishes; owned by the callback once enqueued.
+    // What the callback finishes; owned by the callback once enqueued.
     struct pending {
         completion_source source;
         stats_recorder* stats;
         io_direction dir;
         std::size_t nbytes;
+        std::string what;  // names the operation, the key and the size in an error
     };
-    static void CUDART_CB on_done(void* p) {
+    // Called once per enqueued callback, with the stream's error (if any): never left
+    // uncalled, so the handle never waits forever. No CUDA call here but the error's text
+    // (cudaGetErrorName and cudaGetErrorString, through cuda_category()).
+    static void CUDART_CB on_done(cudaStream_t, cudaError_t status, void* p) {
         std::unique_ptr<pending> op(static_cast<pending*>(p));
-        op->stats->end(op->dir, op->nbytes, true);
-        op->source.succeed(op->nbytes);
+        if (status == cudaSuccess) {
+            op->stats->end(op->dir, op->nbytes, true);
+            op->source.succeed(op->nbytes);
+            return;
+        }
+        op->stats->end(op->dir, op->nbytes, false);
+        try {
+            throw_cuda_error(status, "a copy on the tier's stream", op->what);
+        } catch (...) {
+            op->source.fail(std::current_exception());
+        }
     }
 
     io_completion enqueue_completion(io_direction dir, std::size_t n, std::string_view key) {
-        auto op = std::make_unique<pending>(pending{completion_source{}, &stats_, dir, n});
-        auto handle = op->source.handle();
-        check_cuda(cudaLaunchHostFunc(stream_, &device_tier::on_done, op.get()), "cudaLaunchHostFunc",
-                   describe(dir == io_direction::read ? "read" : "write", key, n));
-        op.release();  // the host function owns it now
+        std::string what = describe(dir == io_direction::read ? "read" : "write", key, n);
+        io_completion handle;  // declared before op: if the enqueue throws, op's source is gone
+                               // (failing the operation) before the handle's destructor waits
+        auto op = std::make_unique<pending>(pending{completion_source{}, &stats_, dir, n, std::move(what)});
+        handle = op->source.handle();
+        check_cuda(cudaStreamAddCallback(stream_, &device_tier::on_done, op.get(), 0), "cudaStreamAddCallback",
+                   op->what);
+        op.release();  // the callback owns it now
         return handle;
     }
 

@@ -24,7 +24,13 @@
 //   then hold undefined contents. A failed stage_from_device leaves earlier chunks of the
 //   previous blob replaced or intact chunk by chunk: callers treat the key as lost.
 // - One call at a time per staging_ring (it is not thread-safe); different rings may be
-//   used concurrently, on different streams.
+//   used concurrently, on different streams. Consecutive calls on one ring may use
+//   different streams: a slot's device-to-host copy is ordered (cudaStreamWaitEvent on the
+//   slot's event) after the host-to-device copy of an earlier call that still reads the
+//   slot, and host writes into a slot wait for that event first, so no call overwrites a
+//   slot another call's copy still uses.
+// - A ring that cannot be built in full (pinned memory or an event unavailable) frees the
+//   slots already built before its constructor throws.
 // - copy_to_device() and copy_from_device() move pageable host memory (a stash's buffers)
 //   to and from the device through the same ring, so a pageable buffer gets pinned-memory
 //   bandwidth with the host copy of one chunk overlapping the PCIe copy of the next.
@@ -38,6 +44,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -49,6 +56,42 @@
 #include "spillway/tier/storage_tier.hpp"
 
 namespace spillway::cuda {
+
+namespace detail {
+/// Move-only owner of a CUDA event (created without timing); destroys it when it goes.
+class event_owner {
+public:
+    /// Owns no event.
+    event_owner() = default;
+    /// Creates the event. Throws std::system_error (cuda_category()) naming `what`.
+    explicit event_owner(std::string_view what) {
+        check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", what);
+    }
+    /// Takes o's event; o owns none.
+    event_owner(event_owner&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+    /// Destroys this owner's event and takes o's; o owns none.
+    event_owner& operator=(event_owner&& o) noexcept {
+        if (this != &o) {
+            reset();
+            event_ = std::exchange(o.event_, nullptr);
+        }
+        return *this;
+    }
+    event_owner(const event_owner&) = delete;
+    event_owner& operator=(const event_owner&) = delete;
+    /// Destroys the event (CUDA defers it until the work it waits for is done).
+    ~event_owner() { reset(); }
+    /// The event (nullptr when none is owned).
+    [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
+
+private:
+    void reset() noexcept {
+        if (event_) cudaEventDestroy(event_);
+        event_ = nullptr;
+    }
+    cudaEvent_t event_ = nullptr;
+};
+}  // namespace detail
 
 /// The pinned chunk buffers and the events of a staged transfer; reused across calls so
 /// that nothing is allocated per transfer.
@@ -69,23 +112,16 @@ public:
                         "staging_ring: chunk_bytes = " + std::to_string(chunk_bytes) +
                             " must be a positive multiple of 4096");
         slots_.reserve(slots);
-        for (std::size_t i = 0; i < slots; ++i) {
-            slot s{pinned_buffer(chunk_bytes), nullptr, io_completion{}};
-            check_cuda(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming), "cudaEventCreateWithFlags",
-                       "staging_ring slot " + std::to_string(i));
-            slots_.push_back(std::move(s));
-        }
+        for (std::size_t i = 0; i < slots; ++i)  // a throw frees the slots built so far (their owners)
+            slots_.push_back(slot{pinned_buffer(chunk_bytes),
+                                  detail::event_owner("staging_ring slot " + std::to_string(i)), io_completion{}});
     }
     staging_ring(const staging_ring&) = delete;
     staging_ring& operator=(const staging_ring&) = delete;
     /// Waits for the copies still using the slots, then frees them.
     ~staging_ring() {
-        for (auto& s : slots_) {
-            if (s.copied) {
-                cudaEventSynchronize(s.copied);
-                cudaEventDestroy(s.copied);
-            }
-        }
+        for (auto& s : slots_)
+            if (s.copied.get()) cudaEventSynchronize(s.copied.get());
     }
 
     /// Bytes per chunk (and per slot).
@@ -105,8 +141,9 @@ private:
 
     struct slot {
         pinned_buffer memory;
-        cudaEvent_t copied;    // recorded after the last copy that used the memory
-        io_completion io;      // the last tier transfer that used the memory (if any)
+        detail::event_owner copied;  // recorded after the last copy that used the memory (created
+                                     // unrecorded: waiting on it then waits for nothing)
+        io_completion io;            // the last tier transfer that used the memory (if any)
     };
     std::size_t chunk_bytes_;
     std::vector<slot> slots_;
@@ -160,7 +197,7 @@ void drain_quietly(Slots& slots) noexcept {
             } catch (...) {
             }
         }
-        cudaEventSynchronize(s.copied);
+        cudaEventSynchronize(s.copied.get());
     }
 }
 }  // namespace detail
@@ -216,17 +253,17 @@ void stage_to_device(Tier& tier, std::string_view key, void* device_dst, std::si
         for (std::size_t k = 0; k < count; ++k) {
             const std::string what = detail::staged_context("stage_to_device", key, nbytes, k);
             while (next_read < count && next_read < k + slots &&  // 2.
-                   detail::copy_finished(ss[next_read % slots].copied, what))
+                   detail::copy_finished(ss[next_read % slots].copied.get(), what))
                 issue_read(next_read);
             auto& s = ss[k % slots];
             if (next_read == k) {  // 3.
-                check_cuda(cudaEventSynchronize(s.copied), "cudaEventSynchronize", what);
+                check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize", what);
                 issue_read(k);
             }
             std::size_t len = s.io.wait();  // 4.
             check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len, cudaMemcpyHostToDevice, stream),
                        "cudaMemcpyAsync", what);
-            check_cuda(cudaEventRecord(s.copied, stream), "cudaEventRecord", what);
+            check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
         }
     } catch (...) {
         detail::drain_quietly(ss);
@@ -243,9 +280,11 @@ void stage_to_device(Tier& tier, std::string_view key, void* device_dst, std::si
 /// Protocol (chunk k uses slot k % S):
 ///  1. Enqueue device-to-host copies ahead on `stream`, into every slot whose previous
 ///     tier write has completed (polled, never waited for), up to S chunks ahead of the
-///     chunk being written; record the slot's event after each copy.
+///     chunk being written; each copy is ordered after the slot's event (cudaStreamWaitEvent:
+///     an earlier call's host-to-device copy out of the slot, maybe on another stream) and
+///     the slot's event is recorded after it.
 ///  2. If chunk k's copy has not been enqueued yet (its slot was busy), wait for that slot's
-///     write (rethrowing its error) and enqueue the copy.
+///     write (rethrowing its error) and enqueue the copy as in step 1.
 ///  3. Wait for chunk k's copy (its event), then issue the tier write of the slot as
 ///     "<key>.<k>" and go on with chunk k + 1 at step 1, so the next copies run while the
 ///     write does.
@@ -264,10 +303,11 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
     auto enqueue_copy = [&](std::size_t j, const std::string& what) {
         auto& s = ss[j % slots];
         if (s.io.valid()) s.io.wait();  // the previous write's error surfaces here
+        check_cuda(cudaStreamWaitEvent(stream, s.copied.get(), 0), "cudaStreamWaitEvent", what);
         check_cuda(cudaMemcpyAsync(s.memory.data(), src + j * chunk, detail::chunk_length(j, nbytes, chunk),
                                    cudaMemcpyDeviceToHost, stream),
                    "cudaMemcpyAsync", what);
-        check_cuda(cudaEventRecord(s.copied, stream), "cudaEventRecord", what);
+        check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
         ++next_copy;
     };
     try {
@@ -278,7 +318,7 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
                 enqueue_copy(next_copy, what);
             if (next_copy == k) enqueue_copy(k, what);  // 2.
             auto& s = ss[k % slots];  // 3.
-            check_cuda(cudaEventSynchronize(s.copied), "cudaEventSynchronize", what);
+            check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize", what);
             s.io = tier.write(chunk_key(key, k), std::span<const std::byte>(s.memory.data(),
                                                                             detail::chunk_length(k, nbytes, chunk)));
         }
@@ -306,11 +346,11 @@ inline void copy_to_device(void* device_dst, std::span<const std::byte> host_src
         auto& s = ring.slots_[k % ring.slots()];
         const std::size_t len = detail::chunk_length(k, n, chunk);
         const std::string what = "copy_to_device of " + bytes_str(n) + ", chunk " + std::to_string(k);
-        check_cuda(cudaEventSynchronize(s.copied), "cudaEventSynchronize", what);  // 1.
+        check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize", what);  // 1.
         std::memcpy(s.memory.data(), host_src.data() + k * chunk, len);               // 2.
         check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len, cudaMemcpyHostToDevice, stream),  // 3.
                    "cudaMemcpyAsync", what);
-        check_cuda(cudaEventRecord(s.copied, stream), "cudaEventRecord", what);
+        check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
     }
 }
 
@@ -321,8 +361,10 @@ inline void copy_to_device(void* device_dst, std::span<const std::byte> host_src
 /// error every copy already enqueued is waited for.
 ///
 /// Protocol (chunk k uses slot k % S): 1. enqueue the copies of the first S chunks, each
-/// followed by its slot's event; 2. for each chunk k: wait for its event, memcpy the slot
-/// into host_dst, then enqueue the copy of chunk k + S into the slot just emptied.
+/// ordered after its slot's event (cudaStreamWaitEvent: an earlier call's host-to-device
+/// copy out of the slot, maybe on another stream) and followed by a new record of it;
+/// 2. for each chunk k: wait for its event, memcpy the slot into host_dst, then enqueue the
+/// copy of chunk k + S into the slot just emptied, as in step 1.
 inline void copy_from_device(std::span<std::byte> host_dst, const void* device_src, cudaStream_t stream,
                              staging_ring& ring) {
     const std::size_t chunk = ring.chunk_bytes(), n = host_dst.size(), count = chunk_count(n, chunk);
@@ -331,16 +373,17 @@ inline void copy_from_device(std::span<std::byte> host_dst, const void* device_s
     auto enqueue = [&](std::size_t j) {
         auto& s = ring.slots_[j % slots];
         const std::string what = "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(j);
+        check_cuda(cudaStreamWaitEvent(stream, s.copied.get(), 0), "cudaStreamWaitEvent", what);
         check_cuda(cudaMemcpyAsync(s.memory.data(), src + j * chunk, detail::chunk_length(j, n, chunk),
                                    cudaMemcpyDeviceToHost, stream),
                    "cudaMemcpyAsync", what);
-        check_cuda(cudaEventRecord(s.copied, stream), "cudaEventRecord", what);
+        check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
     };
     try {
         for (std::size_t j = 0; j < count && j < slots; ++j) enqueue(j);  // 1.
         for (std::size_t k = 0; k < count; ++k) {                         // 2.
             auto& s = ring.slots_[k % slots];
-            check_cuda(cudaEventSynchronize(s.copied), "cudaEventSynchronize",
+            check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize",
                        "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(k));
             std::memcpy(host_dst.data() + k * chunk, s.memory.data(), detail::chunk_length(k, n, chunk));
             if (k + slots < count) enqueue(k + slots);

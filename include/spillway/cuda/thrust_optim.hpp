@@ -21,6 +21,10 @@
 //   double; the order of the additions is the backend's, so it may differ from the CPU's in
 //   the last bits); +inf or NaN when a gradient is not finite. check_gradients() adds the
 //   norm and the overflow flag in the same single pass.
+// - The host-side checks (the overflow flag, grad_scale's validation, the same rule as the
+//   CPU's: finite, > 0, at least 1/FLT_MAX) read the bits, like the CPU code: they hold in
+//   a caller's translation unit compiled with -ffast-math, where std::isfinite may be folded
+//   to true (this header is compiled with the caller's flags).
 #pragma once
 
 #include <cmath>
@@ -93,12 +97,14 @@ struct gradient_check {
 };
 
 /// sum((g / grad_scale)^2) in double over `grads`, with Thrust on `policy`. Throws
-/// std::invalid_argument unless grad_scale is finite and > 0.
+/// std::invalid_argument unless grad_scale is usable like the CPU's grad_sum_squares
+/// requires (finite, > 0, at least 1/FLT_MAX; checked by its bits).
 template <class Policy, class Grad>
 double grad_sum_squares(const Policy& policy, std::span<const Grad> grads, float grad_scale = 1.0f) {
     static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "grad_sum_squares: Grad must be float, float16 or bfloat16");
-    if (!(std::isfinite(grad_scale) && grad_scale > 0))
-        spillway::detail::bad_value("cuda::grad_sum_squares", "grad_scale", grad_scale, "must be finite and > 0");
+    if (!spillway::detail::usable_grad_scale(grad_scale))
+        spillway::detail::bad_value("cuda::grad_sum_squares", "grad_scale", grad_scale,
+                                    spillway::detail::grad_scale_rule);
     if (grads.empty()) return 0.0;
     double total = thrust::transform_reduce(policy, grads.data(), grads.data() + grads.size(), square_fn<Grad>{}, 0.0,
                                             thrust::plus<double>{});
@@ -112,7 +118,7 @@ template <class Policy, class Grad>
 gradient_check check_gradients(const Policy& policy, std::span<const Grad> grads, float grad_scale = 1.0f) {
     gradient_check r;
     r.sum_squares = grad_sum_squares(policy, grads, grad_scale);
-    r.overflow = !std::isfinite(r.sum_squares);
+    r.overflow = !spillway::detail::finite_bits(r.sum_squares);  // by its bits: holds under -ffast-math
     r.norm = r.overflow ? r.sum_squares : std::sqrt(r.sum_squares);
     return r;
 }
