@@ -23,6 +23,27 @@
 #endif
 namespace spillway::detail {
 
+// ---- Software prefetch ---------------------------------------------------------------------
+// The step's loads are its four streams (p, m, v, g); the hardware prefetcher alone kept it at
+// 0.89-0.90 of a stream of the same bytes on an Intel Xeon (two threads, 2^26 params: the
+// square root and division in each iteration hold up the loads behind them), and prefetching
+// each stream 2 KiB of fp32 ahead brought it to 0.97-0.99 (the same stream with the same
+// prefetch did not get faster: it was at the memory's limit already). Elements, not bytes.
+inline constexpr std::size_t adamw_prefetch_ahead = 512;
+
+// Prefetches element i + adamw_prefetch_ahead of each stream when it lies inside [0, n)
+// (a pointer past the arrays is never formed).
+template <class Grad>
+inline void prefetch_streams(const float* p, const float* m, const float* v, const Grad* g, std::size_t i,
+                             std::size_t n) noexcept {
+    if (i + adamw_prefetch_ahead >= n) return;
+    const std::size_t j = i + adamw_prefetch_ahead;
+    _mm_prefetch(reinterpret_cast<const char*>(p + j), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(m + j), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(v + j), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g + j), _MM_HINT_T0);
+}
+
 // ---- AVX-512 -------------------------------------------------------------------------------
 struct adamw_coefficients512 {
     __m512 grad_mul, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, neg_step_size;
@@ -49,6 +70,7 @@ SPILLWAY_TARGET_AVX512 void adamw_avx512(const adamw_coefficients& c, float* p, 
     const adamw_coefficients512 k = broadcast512(c);
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        prefetch_streams(p, m, v, g, i, n);
         __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
         update16(k, pv, mv, vv, load16(g + i));
         _mm512_storeu_ps(p + i, pv);
@@ -146,6 +168,7 @@ SPILLWAY_TARGET_AVX2 void adamw_avx2(const adamw_coefficients& c, float* p, floa
     const adamw_coefficients256 k = broadcast256(c);
     std::size_t i = 0;
     for (; i + 8 <= n; i += 8) {
+        if (i % 16 == 0) prefetch_streams(p, m, v, g, i, n);  // one 64-byte line of fp32 per two vectors
         __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
         update8(k, pv, mv, vv, load8(g + i));
         _mm256_storeu_ps(p + i, pv);
