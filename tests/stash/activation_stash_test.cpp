@@ -198,7 +198,7 @@ TEST_CASE("deduplication: the same tensor is stored once; transposes and new ver
     stash.release(h5);
     stash.release(h6);
     stash.flush();  // erases run on the writer thread
-    CHECK(tier.inner().used() == 0);
+    CHECK(tier.inner.used() == 0);
     // One layer: backward's first load prefetched all four; x was read once for h2 and h3.
     CHECK(stash.stats().bytes_loaded == 4 * n);
 
@@ -225,13 +225,13 @@ TEST_CASE("a released tensor's blob is rewritten by a later write, and flush() e
         stash.release(ha);
         stash.release(hb);
         // Retired, not erased: the blobs wait for the next step's writes.
-        CHECK(test::eventually([&] { return tier.inner().used() == n + small; }));
+        CHECK(test::eventually([&] { return tier.inner.used() == n + small; }));
     }
     // Each key went to the tensor of its own size: no blob changed size, none was created.
     CHECK(step_keys[1] == step_keys[0]);
     CHECK(step_keys[0][0] != step_keys[0][1]);
     stash.flush();
-    CHECK(tier.inner().used() == 0);
+    CHECK(tier.inner.used() == 0);
     // After an erase a key is never used again.
     auto c = random_bytes(n, 30);
     auto hc = stash.save(make_desc("c", 3, {16 * 1024}), c);
@@ -310,7 +310,7 @@ TEST_CASE("forwarding: backward takes tensors still in memory; unstarted writes 
     stash.release(hx);
     stash.release(hy);
     stash.flush();  // erases run on the writer thread
-    CHECK(tier.inner().used() == 0);
+    CHECK(tier.inner.used() == 0);
 }
 
 TEST_CASE("offloaded tensors leave memory and are read back exactly") {

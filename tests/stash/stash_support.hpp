@@ -13,14 +13,14 @@
 #include <spillway/stash/activation_stash.hpp>
 #include <spillway/tier/host_tier.hpp>
 
+#include "support/host_tier_wrapper.hpp"
+
 namespace spillway::test {
 
 /// A host tier whose writes can be held at a gate (the writer thread blocks inside write()
 /// until open_writes()), and which logs every read and write key in issue order.
-class gated_tier {
+class gated_tier : public host_tier_wrapper {
 public:
-    static constexpr tier_properties properties = host_tier::properties;
-
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         {
             std::unique_lock lock(mutex_);
@@ -29,21 +29,15 @@ public:
             cv_.notify_all();
             cv_.wait(lock, [&] { return writes_open_; });
         }
-        return inner_.write(key, bytes);
+        return inner.write(key, bytes);
     }
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         {
             std::lock_guard lock(mutex_);
             read_log_.emplace_back(key);
         }
-        return inner_.read(key, bytes);
+        return inner.read(key, bytes);
     }
-    bool erase(std::string_view key) { return inner_.erase(key); }
-    [[nodiscard]] bool contains(std::string_view key) const { return inner_.contains(key); }
-    [[nodiscard]] std::optional<std::size_t> size_of(std::string_view key) const { return inner_.size_of(key); }
-    [[nodiscard]] std::size_t capacity() const { return inner_.capacity(); }
-    [[nodiscard]] std::size_t used() const { return inner_.used(); }
-    [[nodiscard]] tier_stats stats() const { return inner_.stats(); }
     [[nodiscard]] std::string name() const { return "gated"; }
 
     void close_writes() {
@@ -70,10 +64,7 @@ public:
         std::lock_guard lock(mutex_);
         return write_log_;
     }
-    host_tier& inner() { return inner_; }
-
 private:
-    host_tier inner_;
     mutable std::mutex mutex_;
     std::condition_variable cv_;
     bool writes_open_ = true;

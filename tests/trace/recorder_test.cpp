@@ -264,14 +264,18 @@ void check_saved(const std::filesystem::path& path, const tr::recorder& rec) {
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CHECK(text == rec.json());
 }
+// One 5 us span "k" on the track "compute".
+void add_one_span(tr::recorder& rec) {
+    auto t = rec.track("compute");
+    auto now = tr::clock::now();
+    rec.complete(t, "k", now, now + 5us);
+}
 }  // namespace
 
 TEST_CASE("save writes a 0600 file and names the path on failure") {
     spillway::test::temp_dir dir("trace");
     tr::recorder rec;
-    auto t = rec.track("compute");
-    auto now = tr::clock::now();
-    rec.complete(t, "k", now, now + 5us);
+    add_one_span(rec);
     auto path = dir.path() / "trace.json";
     rec.save(path);
     check_saved(path, rec);
@@ -306,9 +310,7 @@ TEST_CASE("names that are not UTF-8 are written as U+FFFD, so the file stays JSO
 TEST_CASE("saves from several threads at once each write a whole file, 0600 even beside an old temporary file") {
     spillway::test::temp_dir dir("trace");
     tr::recorder rec;
-    auto t = rec.track("compute");
-    auto now = tr::clock::now();
-    rec.complete(t, "k", now, now + 5us);
+    add_one_span(rec);
     auto path = dir.path() / "trace.json";
     // A temporary file of the old naming scheme, world-readable, left by someone: not reused.
     std::ofstream(path.string() + ".tmp-" + std::to_string(::getpid())) << "old";

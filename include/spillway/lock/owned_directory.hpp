@@ -81,24 +81,22 @@ public:
         std::vector<char> name(templ.begin(), templ.end());
         name.push_back('\0');
         if (!::mkdtemp(name.data())) throw_system_error(errno, "mkdtemp", "owned_directory in " + parent.string());
-        owned_directory d;
+        owned_directory d;  // from here on, a failure removes the directory again (~owned_directory)
         d.path_ = name.data();
         const std::string what = "owned_directory " + d.path_.string();
-        int dirfd = ::open(name.data(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (dirfd < 0) {
-            int err = errno;
-            ::rmdir(name.data());
-            throw_system_error(err, "open", what);
-        }
+        const int dirfd = ::open(name.data(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dirfd < 0) throw_system_error(errno, "open", what);
+        auto fail = [&](const char* call) {
+            const int err = errno;
+            ::close(dirfd);
+            throw_system_error(err, call, what + ": owner file");
+        };
         const std::string staged = std::string(owner_file) + ".new";
         d.owner_fd_ = ::openat(dirfd, staged.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-        int err = d.owner_fd_ < 0 ? errno : 0;
-        const char* call = "openat";
-        if (!err && ::flock(d.owner_fd_, LOCK_EX | LOCK_NB) != 0) err = errno, call = "flock(LOCK_EX)";
-        if (!err && ::renameat(dirfd, staged.c_str(), dirfd, std::string(owner_file).c_str()) != 0)
-            err = errno, call = "renameat";
+        if (d.owner_fd_ < 0) fail("openat");
+        if (::flock(d.owner_fd_, LOCK_EX | LOCK_NB) != 0) fail("flock(LOCK_EX)");
+        if (::renameat(dirfd, staged.c_str(), dirfd, std::string(owner_file).c_str()) != 0) fail("renameat");
         ::close(dirfd);
-        if (err) throw_system_error(err, call, what + ": owner file");  // ~owned_directory removes it
         return d;
     }
 
