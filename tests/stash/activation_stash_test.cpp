@@ -941,6 +941,32 @@ TEST_CASE("the bandwidth probe stays within the budget and leaves nothing on the
     CHECK(tier.inner().used() == 0);
 }
 
+TEST_CASE("the bandwidth probe waits for room when the budget is full, never going above it") {
+    // The profiling step's tensor fills the budget and its write is held at the gate when
+    // backward starts: the probe once took 4 KiB anyway (resident 260 KiB of 256).
+    test::gated_tier tier;
+    stash_options o;  // adaptive, bandwidth 0: the profiling step's backward probes the tier
+    o.keep_below_bytes = 0;
+    o.memory_budget = 256 << 10;
+    const auto bytes = random_bytes(256 << 10, 36);
+    activation_stash stash(tier, o);
+    tier.close_writes();
+    auto h = stash.save(make_desc("a", 1, {64 << 10}), bytes);
+    std::size_t resident_while_held = 0;
+    std::thread opener([&] {
+        tier.wait_writes_entered(1);  // the tensor's write, held
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // backward reaches the probe
+        resident_while_held = stash.stats().resident_bytes;
+        tier.open_writes();
+    });
+    stash.start_backward();
+    opener.join();
+    CHECK(resident_while_held <= o.memory_budget);
+    CHECK(stash.stats().peak_resident_bytes <= o.memory_budget);
+    CHECK(same_bytes(stash.load(h), bytes));
+    stash.release(h);
+}
+
 TEST_CASE("a key_prefix too long for the keys made from it is refused at construction, naming it") {
     host_tier tier;
     stash_options o = offload_everything();

@@ -927,18 +927,22 @@ private:
     // half). A slower tier is believed at once (waiting costs more than keeping); a faster
     // one half way per step.
     void replan_from_tier() {
+        const double observed = delivered_bandwidth(forward_stats_);
+        if (observed <= 0) return;  // nothing moved: nothing learned
+        double bw = observed < plan_.tier_bandwidth ? observed : 0.5 * (plan_.tier_bandwidth + observed);
+        apply_plan(bw, forward_seconds_);
+    }
+
+    // The bandwidth the tier delivered since `since`: bytes over busy seconds of its writes and
+    // of its reads, the slower direction (0 when nothing moved).
+    double delivered_bandwidth(const tier_stats& since) const {
         tier_stats now = tier_.stats();
         auto rate = [](std::uint64_t bytes, double busy) {
             return bytes > 0 && busy > 0 ? static_cast<double>(bytes) / busy : 0.0;
         };
-        double w = rate(now.bytes_written - forward_stats_.bytes_written,
-                        now.write_busy_seconds - forward_stats_.write_busy_seconds);
-        double r = rate(now.bytes_read - forward_stats_.bytes_read,
-                        now.read_busy_seconds - forward_stats_.read_busy_seconds);
-        double observed = w > 0 && r > 0 ? std::min(w, r) : std::max(w, r);
-        if (observed <= 0) return;  // nothing moved: nothing learned
-        double bw = observed < plan_.tier_bandwidth ? observed : 0.5 * (plan_.tier_bandwidth + observed);
-        apply_plan(bw, forward_seconds_);
+        double w = rate(now.bytes_written - since.bytes_written, now.write_busy_seconds - since.write_busy_seconds);
+        double r = rate(now.bytes_read - since.bytes_read, now.read_busy_seconds - since.read_busy_seconds);
+        return w > 0 && r > 0 ? std::min(w, r) : std::max(w, r);
     }
 
     void apply_plan(double bandwidth, double forward_seconds) {
@@ -956,11 +960,16 @@ private:
     // Writes and reads back probe_bytes; the slower direction's bytes per second.
     double probe_bandwidth(std::unique_lock<std::mutex>& lock) {
         std::string key = opt_.key_prefix + "-" + std::to_string(serial_) + "-probe";
-        // The probe's buffer counts against the budget like any other: at most the room left
-        // (whole 4 KiB blocks; 4 KiB however full the budget is).
+        // The probe's buffer counts against the budget like any other: at most the room left,
+        // in whole 4 KiB blocks. Its first 4 KiB are made room for as any save's (make_room:
+        // the pool, then writes finishing); a full budget once let the probe lift the resident
+        // bytes 4 KiB above it. If nothing can free 4 KiB, the forward's own writes say what
+        // the tier delivered.
+        if (!make_room(lock, 4096)) return delivered_bandwidth(forward_stats_);
         const std::size_t room = opt_.memory_budget > resident_ ? opt_.memory_budget - resident_ : 0;
         const std::size_t n = std::max<std::size_t>(std::min(opt_.probe_bytes, room) / 4096 * 4096, 4096);
         resident_ += n;
+        note_peaks();
         lock.unlock();
         double bw = 0;
         try {
