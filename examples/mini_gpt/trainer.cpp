@@ -227,10 +227,12 @@ struct train_state {
     // with another gradient type would keep a loss scale meant for it, and other data, batch
     // or sequence length would not replay the same batches: both are refused.
     bool has_run_shape = false;
-    std::int32_t grads = 0;          // grad_dtype
-    std::int32_t batch = 0, seq = 0;
-    std::uint64_t tokens = 0;        // tokens in the data
-    std::uint64_t tokens_hash = 0;   // FNV-1a of the tokens
+    struct run_shape {
+        std::int32_t grads = 0;         // grad_dtype
+        std::int32_t batch = 0, seq = 0;
+        std::uint64_t tokens = 0;       // tokens in the data
+        std::uint64_t tokens_hash = 0;  // FNV-1a of the tokens
+    } shape;
 };
 constexpr std::uint64_t state_magic_v1 = 0x4d475054'53544154ull;  // "MGPTSTAT"
 constexpr std::uint64_t state_magic = 0x4d475054'53544132ull;     // "MGPTSTA2"
@@ -252,11 +254,11 @@ void state_fields(train_state& s, bool v2, Fn&& field) {
     field(s.loss_scale);
     field(s.good_steps);
     if (!v2) return;
-    field(s.grads);
-    field(s.batch);
-    field(s.seq);
-    field(s.tokens);
-    field(s.tokens_hash);
+    field(s.shape.grads);
+    field(s.shape.batch);
+    field(s.shape.seq);
+    field(s.shape.tokens);
+    field(s.shape.tokens_hash);
 }
 std::size_t state_bytes(bool v2) {
     std::size_t n = 0;
@@ -302,7 +304,7 @@ train_state read_state(const std::filesystem::path& path) {
     if (!(std::isfinite(s.loss_scale) && s.loss_scale >= 1.0f))
         bad("loss scale " + std::to_string(s.loss_scale) + " (finite and at least 1)");
     if (s.good_steps < 0 || s.good_steps > s.next_step) bad("good-step count " + std::to_string(s.good_steps));
-    if (v2 && (s.grads < 0 || s.grads > 2)) bad("gradient type " + std::to_string(s.grads));
+    if (v2 && (s.shape.grads < 0 || s.shape.grads > 2)) bad("gradient type " + std::to_string(s.shape.grads));
     return s;
 }
 
@@ -711,11 +713,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     state.loss_scale = opt.grads == grad_dtype::fp16 ? 32768.0f : 1.0f;
     if (!opt.resume_dir.empty() || !opt.save_dir.empty()) {  // what a save records of the run
         state.has_run_shape = true;
-        state.grads = static_cast<std::int32_t>(opt.grads);
-        state.batch = B;
-        state.seq = T;
-        state.tokens = tokens.size();
-        state.tokens_hash = data_hash();
+        state.shape = {static_cast<std::int32_t>(opt.grads), B, T, tokens.size(), data_hash()};
     }
     if (!opt.resume_dir.empty()) {
         auto latest_file = opt.resume_dir / "latest";
@@ -730,29 +728,26 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         if (!(ck.config == config))
             throw input_error((dir / "model.bin").string() + ": the saved model's config differs from this run's");
         model.load_llmc_params(ck.params);
-        const train_state run = state;
+        const train_state::run_shape run = state.shape;
         state = read_state(dir / "train.state");
         if (state.has_run_shape) {
+            const auto& saved = state.shape;
             const std::string file = (dir / "train.state").string();
-            if (state.grads != run.grads)
+            if (saved.grads != run.grads)
                 throw input_error("--grad-dtype " + std::string(dtype_name(opt.grads)) + ": the save " + file +
-                                  " was made with " + dtype_name(static_cast<grad_dtype>(state.grads)) +
+                                  " was made with " + dtype_name(static_cast<grad_dtype>(saved.grads)) +
                                   " gradients (its loss scale belongs to them); resume with that type");
-            if (state.batch != run.batch || state.seq != run.seq)
+            if (saved.batch != run.batch || saved.seq != run.seq)
                 throw input_error("--batch " + std::to_string(B) + " --seq " + std::to_string(T) + ": the save " + file +
-                                  " was made with --batch " + std::to_string(state.batch) + " --seq " +
-                                  std::to_string(state.seq) + "; resuming replays the same batches");
-            if (state.tokens != run.tokens || state.tokens_hash != run.tokens_hash)
+                                  " was made with --batch " + std::to_string(saved.batch) + " --seq " +
+                                  std::to_string(saved.seq) + "; resuming replays the same batches");
+            if (saved.tokens != run.tokens || saved.tokens_hash != run.tokens_hash)
                 throw input_error(data_name + ": not the data the save " + file + " was made on (" +
-                                  std::to_string(state.tokens) + " tokens there, " + std::to_string(run.tokens) +
-                                  " here" + (state.tokens == run.tokens ? ", other values" : "") + ")");
+                                  std::to_string(saved.tokens) + " tokens there, " + std::to_string(run.tokens) +
+                                  " here" + (saved.tokens == run.tokens ? ", other values" : "") + ")");
         }
-        state.has_run_shape = run.has_run_shape;  // the next save records this run's (format 2)
-        state.grads = run.grads;
-        state.batch = run.batch;
-        state.seq = run.seq;
-        state.tokens = run.tokens;
-        state.tokens_hash = run.tokens_hash;
+        state.has_run_shape = true;  // the next save records this run's (format 2)
+        state.shape = run;
         if (state.next_step > opt.steps)
             throw input_error("--steps " + std::to_string(opt.steps) + ": the save " + dir.string() +
                               " is already at step " + std::to_string(state.next_step) + "; ask for more steps");
