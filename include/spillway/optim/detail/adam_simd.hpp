@@ -44,6 +44,17 @@ inline void prefetch_streams(const float* p, const float* m, const float* v, con
     _mm_prefetch(reinterpret_cast<const char*>(g + j), _MM_HINT_T0);
 }
 
+// The overflow scan reads one stream, the gradients, and ran at 0.72-0.75 of the step's
+// bound (the step at 0.97, the scan pass's share of the bytes 1/8) on an Intel Xeon with two
+// threads; fetching each 64-byte line 1 KiB ahead took it to 0.77-0.78 (2 KiB: 0.76-0.77).
+// Bytes, not elements: the scan reads the gradients as raw bits, whatever their type.
+inline constexpr std::size_t scan_prefetch_ahead = 1024;
+
+// Prefetches the line at byte offset `at` + scan_prefetch_ahead when it lies inside [0, nbytes).
+inline void prefetch_scan(const char* bytes, std::size_t at, std::size_t nbytes) noexcept {
+    if (at + scan_prefetch_ahead < nbytes) _mm_prefetch(bytes + at + scan_prefetch_ahead, _MM_HINT_T0);
+}
+
 // ---- AVX-512 -------------------------------------------------------------------------------
 struct adamw_coefficients512 {
     __m512 grad_mul, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, neg_step_size;
@@ -100,6 +111,8 @@ SPILLWAY_TARGET_AVX512 bool any_nonfinite_avx512(const Grad* g, std::size_t n) n
         const __m512i abs = _mm512_set1_epi32(0x7fffffff);
         __m512i a0 = _mm512_setzero_si512(), a1 = a0;
         for (; i + 128 <= nbytes; i += 128) {
+            prefetch_scan(bytes, i, nbytes);
+            prefetch_scan(bytes, i + 64, nbytes);
             a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_loadu_si512(bytes + i), abs));
             a1 = _mm512_max_epu32(a1, _mm512_and_si512(_mm512_loadu_si512(bytes + i + 64), abs));
         }
@@ -113,6 +126,8 @@ SPILLWAY_TARGET_AVX512 bool any_nonfinite_avx512(const Grad* g, std::size_t n) n
         const __m512i abs = _mm512_set1_epi16(0x7fff);
         __m512i a0 = _mm512_setzero_si512(), a1 = a0;
         for (; i + 128 <= nbytes; i += 128) {
+            prefetch_scan(bytes, i, nbytes);
+            prefetch_scan(bytes, i + 64, nbytes);
             a0 = _mm512_max_epu16(a0, _mm512_and_si512(_mm512_loadu_si512(bytes + i), abs));
             a1 = _mm512_max_epu16(a1, _mm512_and_si512(_mm512_loadu_si512(bytes + i + 64), abs));
         }
@@ -210,6 +225,7 @@ SPILLWAY_TARGET_AVX2 bool any_nonfinite_avx2(const Grad* g, std::size_t n) noexc
         const __m256i abs = _mm256_set1_epi32(0x7fffffff);
         __m256i a0 = _mm256_setzero_si256(), a1 = a0;
         for (; i + 64 <= nbytes; i += 64) {
+            prefetch_scan(bytes, i, nbytes);
             a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i)), abs));
             a1 = _mm256_max_epu32(a1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i + 32)), abs));
         }
@@ -221,6 +237,7 @@ SPILLWAY_TARGET_AVX2 bool any_nonfinite_avx2(const Grad* g, std::size_t n) noexc
         const __m256i abs = _mm256_set1_epi16(0x7fff);
         __m256i a0 = _mm256_setzero_si256(), a1 = a0;
         for (; i + 64 <= nbytes; i += 64) {
+            prefetch_scan(bytes, i, nbytes);
             a0 = _mm256_max_epu16(a0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i)), abs));
             a1 = _mm256_max_epu16(a1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i + 32)), abs));
         }

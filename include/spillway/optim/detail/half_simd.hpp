@@ -114,16 +114,19 @@ SPILLWAY_TARGET_AVX512 void widen_avx512(const Half* in, float* out, std::size_t
 template <class Half>
 SPILLWAY_TARGET_AVX512 void narrow_avx512(const float* in, Half* out, std::size_t n) noexcept {
     std::size_t i = 0;
-    if (n * sizeof(Half) >= nontemporal_min_bytes) {  // peel to 32 bytes, then stream
-        i = elements_to_boundary(out, 32);
+    // Peel to a 64-byte line, then stream whole lines (two rounded vectors each): a line
+    // streamed in two 32-byte halves was 7% slower for bf16 on an Intel Xeon (vs_limit
+    // 0.47-0.51 against 0.52-0.54; fp16 unchanged at 0.65-0.67).
+    if (n * sizeof(Half) >= nontemporal_min_bytes) {
+        i = elements_to_boundary(out, 64);
         narrow_scalar(in, out, i);
         for (; i + 64 <= n; i += 64) {
             __m512 a = _mm512_loadu_ps(in + i), b = _mm512_loadu_ps(in + i + 16);
             __m512 c = _mm512_loadu_ps(in + i + 32), d = _mm512_loadu_ps(in + i + 48);
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), round16(a, out));
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 16), round16(b, out));
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 32), round16(c, out));
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i + 48), round16(d, out));
+            _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i),
+                                _mm512_inserti64x4(_mm512_castsi256_si512(round16(a, out)), round16(b, out), 1));
+            _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i + 32),
+                                _mm512_inserti64x4(_mm512_castsi256_si512(round16(c, out)), round16(d, out), 1));
         }
         _mm_sfence();
     }
