@@ -21,11 +21,41 @@
 //    file table for the request's life (if the table is full the plain fd is used);
 //    `buffers` lets register_buffers() pin caller buffers once, and pieces inside them use
 //    READ_FIXED / WRITE_FIXED.
-// 5. The destructor waits for every request, stops the completion thread, frees the ring.
+// 5. The destructor waits for every request, stops the completion thread, frees the ring;
+//    it returns on a broken ring too (6).
+// 6. A broken ring never aborts the process and never hangs a caller. The ring is broken when
+//    io_uring_submit or io_uring_wait_cqe fails with an error other than EINTR, EAGAIN or
+//    EBUSY (EBADF, EFAULT, EOPNOTSUPP once the descriptor is no ring ...). The first such
+//    error is kept, nothing is submitted to the ring again, and every request not finished
+//    fails with one std::system_error naming that call, the request and the errno (built in
+//    detail::make_io_error like any other): requests queued and pieces prepared but never
+//    consumed by the kernel fail at once; pieces the kernel had consumed complete as usual
+//    when their completions appear in the ring's memory within broken_grace (1 s), and fail
+//    otherwise (the kernel may then still use their buffers until the destructor frees the
+//    ring, which cancels them); requests submitted later fail at once. Every callback still
+//    runs on the completion thread, which sleeps (no spinning) until the destructor. The
+//    destructor unmaps the ring but closes its descriptor only if the error does not say
+//    that the number no longer refers to the ring (EBADF, EOPNOTSUPP). The working ring
+//    pays nothing for this but one idle POLL entry. Protocol:
+//    1. At start the completion thread arms a POLL on the engine's eventfd in the ring.
+//    2. Whichever thread sees the hard error records it under the mutex (break_locked) and
+//       writes to the eventfd.
+//    3. If the completion thread sleeps in io_uring_enter, the poll completes and wakes it:
+//       a blocked io_uring_enter keeps the ring's file alive even after its descriptor was
+//       closed or replaced, so nothing else would wake it (no NOP can be submitted to a
+//       broken ring). If it is awake, it sees the error under the mutex, or its next wait
+//       fails.
+//    4. It fails the pieces whose entries the kernel never consumed (those between the SQ
+//       ring's head and liburing's tail) and the queue.
+//    5. It reaps the completions the kernel still writes into the ring's memory, without a
+//       syscall on the ring, sleeping on a condition variable between looks (1 ms doubling
+//       to 64 ms; a submit() wakes it), until no piece is in the kernel or broken_grace has
+//       passed; then it fails the pieces left.
+//    6. It sleeps on that condition variable, failing each request submit() queues, until the
+//       destructor (which waited for every request) sets stopping_ and wakes it.
 #pragma once
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -36,6 +66,7 @@
 
 #if SPILLWAY_HAS_LIBURING
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -46,7 +77,10 @@
 #include <vector>
 
 #include <liburing.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "spillway/detail/thread_name.hpp"
 #include "spillway/io/completion.hpp"
@@ -130,8 +164,13 @@ inline const uring_probe_result& uring_probe() {
 /// io_engine.hpp (see the guarantees above). Only when built with liburing.
 class uring_engine {
 public:
+    /// How long pieces the kernel had consumed may still complete after the ring broke
+    /// (guarantee 6); then they fail.
+    static constexpr std::chrono::milliseconds broken_grace{1000};
+
     /// Throws std::invalid_argument for a bad config, std::system_error when the ring cannot
-    /// be set up (the message carries the probe's reason when the probe failed).
+    /// be set up (the message carries the probe's reason when the probe failed) or the
+    /// eventfd of guarantee 6 cannot be made.
     explicit uring_engine(io_engine_config config = {}) : config_(std::move(config)) {
         config_.validate();
         int ret = io_uring_queue_init(config_.queue_depth, &ring_, 0);
@@ -154,30 +193,45 @@ public:
             }
             for (unsigned i = n; i-- > 0;) free_files_.push_back(static_cast<int>(i));
         }
+        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (wake_fd_ < 0) {
+            int err = errno;
+            io_uring_queue_exit(&ring_);
+            throw_system_error(err, "eventfd", "uring_engine: the descriptor that wakes the completion thread");
+        }
         try {
             reaper_ = std::thread([this] { reap(); });
             detail::name_thread(reaper_, "spw-uring");
         } catch (...) {
             io_uring_queue_exit(&ring_);
+            ::close(wake_fd_);
             throw;
         }
     }
     uring_engine(const uring_engine&) = delete;
     uring_engine& operator=(const uring_engine&) = delete;
 
-    /// Waits for every request in flight, stops the completion thread, frees the ring.
+    /// Waits for every request in flight, stops the completion thread, frees the ring. Returns
+    /// on a broken ring too (guarantee 6).
     ~uring_engine() {
         {
             std::unique_lock lock(mutex_);
             idle_cv_.wait(lock, [&] { return outstanding_ == 0; });
-            io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-            io_uring_prep_nop(sqe);
-            io_uring_sqe_set_data64(sqe, stop_tag);
-            ++unsubmitted_;
-            submit_locked();
+            stopping_ = true;
+            if (io_uring_sqe* sqe = sqe_locked()) {  // null once broken
+                io_uring_prep_nop(sqe);
+                io_uring_sqe_set_data64(sqe, stop_tag);
+                ++unsubmitted_;
+                submit_locked();  // may break the ring: then the eventfd wakes the thread
+            }
+            broken_cv_.notify_all();  // (a broken engine's completion thread waits there)
         }
         reaper_.join();
+        // A descriptor that no longer refers to the ring is not the engine's to close: its
+        // number may belong to another of the process's files by now.
+        if (broken_ == EBADF || broken_ == EOPNOTSUPP) ring_.ring_fd = -1;
         io_uring_queue_exit(&ring_);
+        ::close(wake_fd_);
     }
 
     /// Always io_backend::io_uring.
@@ -215,12 +269,12 @@ public:
     }
 
     /// Starts `req`; `callback` runs once when it finished, on the completion thread (or on
-    /// the calling thread for an empty request).
+    /// the calling thread for an empty request). On a broken ring it fails at once (6).
     void submit(const io_request& req, io_callback callback) {
         auto state = detail::begin_request(req, callback, counters_);
         if (!state) return;
         std::lock_guard lock(mutex_);
-        if (!free_files_.empty()) {
+        if (!free_files_.empty() && !broken_) {
             int file_slot = free_files_.back();
             int fd = req.fd;
             if (io_uring_register_files_update(&ring_, static_cast<unsigned>(file_slot), &fd, 1) == 1) {
@@ -231,6 +285,7 @@ public:
         ++outstanding_;
         queue_.push_back(std::move(state));
         wake_locked();
+        if (broken_) broken_cv_.notify_all();
     }
 
     /// Reads buf.size() bytes of `fd` at `offset` into `buf`. Keep `buf` alive until done.
@@ -243,8 +298,15 @@ public:
     }
 
 private:
+    using request_ptr = std::shared_ptr<detail::request_state>;
+
     static constexpr std::uint64_t stop_tag = ~std::uint64_t{0};
     static constexpr std::uint64_t wake_tag = stop_tag - 1;
+    static constexpr std::uint64_t broken_tag = stop_tag - 2;  // the POLL on wake_fd_ (guarantee 6)
+
+    static constexpr const char* broken_note = "the io_uring ring is broken";
+    static constexpr const char* abandoned_note =  // (1 s: broken_grace)
+        "the io_uring ring broke while the kernel held this piece, and its completion did not come within 1 s";
 
     struct slot {
         std::shared_ptr<detail::request_state> req;
@@ -256,15 +318,26 @@ private:
 
     io_completion start(const io_request& req) { return detail::start_request(*this, req); }
 
-    // Puts the rest of slot `i` into the submission queue. Caller holds mutex_.
-    void prep_locked(unsigned i) {
-        slot& s = slots_[i];
-        auto& r = *s.req;
+    // A free submission entry; null once the ring is broken (then nothing is prepared any
+    // more). Caller holds mutex_.
+    io_uring_sqe* sqe_locked() {
+        if (broken_) return nullptr;
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        if (!sqe) {  // cannot happen: the ring has at least queue_depth entries
+        if (!sqe) {  // cannot happen: at most queue_depth entries wait between flushes
             submit_locked();
             sqe = io_uring_get_sqe(&ring_);
+            if (!sqe && !broken_) break_locked("io_uring_get_sqe", EBUSY);
         }
+        return broken_ ? nullptr : sqe;
+    }
+
+    // Puts the rest of slot `i` into the submission queue; false once the ring is broken.
+    // Caller holds mutex_.
+    bool prep_locked(unsigned i) {
+        io_uring_sqe* sqe = sqe_locked();
+        if (!sqe) return false;
+        slot& s = slots_[i];
+        auto& r = *s.req;
         std::byte* p = r.data + s.pos + s.done;
         auto n = static_cast<unsigned>(s.len - s.done);
         std::uint64_t off = r.offset + s.pos + s.done;
@@ -287,6 +360,7 @@ private:
         if (r.fixed_file >= 0) sqe->flags |= IOSQE_FIXED_FILE;
         io_uring_sqe_set_data64(sqe, i);
         ++unsubmitted_;
+        return true;
     }
 
     // Wakes the completion thread so that it hands the queued pieces to free slots: a NOP,
@@ -294,14 +368,11 @@ private:
     // next completion tops the ring up then). Only the completion thread submits pieces, so
     // the kernel runs their completion work in the thread that waits for them (the task
     // that submits a request is otherwise woken once per piece just to post its completion).
-    // Caller holds mutex_.
+    // Does nothing on a broken ring. Caller holds mutex_.
     void wake_locked() {
         if (wake_pending_ || free_slots_.empty()) return;
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        if (!sqe) {  // cannot happen: the submission queue is flushed under mutex_ every time
-            submit_locked();
-            sqe = io_uring_get_sqe(&ring_);
-        }
+        io_uring_sqe* sqe = sqe_locked();
+        if (!sqe) return;
         io_uring_prep_nop(sqe);
         io_uring_sqe_set_data64(sqe, wake_tag);
         ++unsubmitted_;
@@ -309,9 +380,10 @@ private:
         wake_pending_ = true;
     }
 
-    // Hands new pieces to free slots. Caller holds mutex_.
-    void fill_locked() {
-        while (!free_slots_.empty()) {
+    // Hands new pieces to free slots; a request that finished (only when the ring broke) goes
+    // to `finished`. Caller holds mutex_.
+    void fill_locked(std::vector<request_ptr>& finished) {
+        while (!free_slots_.empty() && !broken_) {
             while (!queue_.empty() && !queue_.front()->has_piece()) queue_.pop_front();
             if (queue_.empty()) return;
             auto& r = queue_.front();
@@ -328,11 +400,13 @@ private:
             if (!r->has_piece()) queue_.pop_front();
             counters_.pieces.fetch_add(1, std::memory_order_relaxed);
             counters_.note_in_flight(config_.queue_depth - free_slots_.size());
-            prep_locked(i);
+            if (!prep_locked(i))
+                if (auto f = fail_piece_locked(i, broken_note)) finished.push_back(std::move(f));
         }
     }
 
-    // Submits prepared entries. Caller holds mutex_.
+    // Submits prepared entries; a hard error breaks the ring (guarantee 6, step 2). Caller
+    // holds mutex_.
     void submit_locked() {
         while (unsubmitted_ > 0) {
             int ret = io_uring_submit(&ring_);
@@ -345,31 +419,81 @@ private:
                 std::this_thread::yield();
                 continue;
             }
-            // The ring itself is broken (EBADF, EFAULT): nothing can complete any more.
-            std::fprintf(stderr, "spillway uring_engine: io_uring_submit failed: %s\n", std::strerror(-ret));
-            std::abort();
+            break_locked("io_uring_submit", -ret);
         }
     }
 
+    // Records the first hard error of the ring and wakes the completion thread through the
+    // eventfd its POLL watches (guarantee 6, step 2). Caller holds mutex_.
+    void break_locked(const char* call, int err) noexcept {
+        unsubmitted_ = 0;  // the kernel takes no more entries
+        if (broken_) return;
+        broken_ = err;
+        broken_call_ = call;
+        const std::uint64_t one = 1;
+        [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);  // cannot fail: the counter is far from full
+    }
+
+    // The error of a request (or of one of its pieces) on the broken ring.
+    [[nodiscard]] std::exception_ptr broken_error(const detail::request_state& r, std::size_t piece_bytes,
+                                                  std::uint64_t piece_offset, const char* note) const noexcept {
+        return detail::make_io_error(broken_, broken_call_, r.op, r.label, r.nbytes, r.offset, piece_bytes,
+                                     piece_offset, note);
+    }
+
+    // Fails the piece in slot i with the broken ring's error (a request keeps its first
+    // error) and frees the slot; returns the request if it just finished. Caller holds mutex_.
+    request_ptr fail_piece_locked(unsigned i, const char* note) {
+        slot& s = slots_[i];
+        auto& r = *s.req;
+        if (!r.error) r.error = broken_error(r, s.len, r.offset + s.pos, note);
+        return release_locked(i);
+    }
+
+    // Fails every queued request on the broken ring; those with no piece open go to
+    // `finished`, the others finish when their last piece does. Caller holds mutex_.
+    void fail_queue_locked(std::vector<request_ptr>& finished) {
+        for (auto& r : queue_) {
+            // A request that failed earlier stays queued until fill_locked() passes it; once
+            // retired (or with every piece handed out) it is no longer the queue's to finish.
+            if (!r->has_piece()) continue;
+            r->error = broken_error(*r, r->nbytes, r->offset, broken_note);
+            if (r->finished()) finished.push_back(retire_locked(std::move(r)));
+        }
+        queue_.clear();
+    }
+
     // Frees slot i; returns the request if it just finished. Caller holds mutex_.
-    std::shared_ptr<detail::request_state> release_locked(unsigned i) {
+    request_ptr release_locked(unsigned i) {
         slot& s = slots_[i];
         auto r = std::move(s.req);
         free_slots_.push_back(i);
         --r->pieces_open;
         if (!r->finished()) return nullptr;
+        return retire_locked(std::move(r));
+    }
+
+    // Ends a finished request's bookkeeping; returns it, for finish(). Caller holds mutex_.
+    request_ptr retire_locked(request_ptr r) {
         r->retire();
         if (r->fixed_file >= 0) {
             int minus_one = -1;
-            io_uring_register_files_update(&ring_, static_cast<unsigned>(r->fixed_file), &minus_one, 1);
+            if (!broken_) io_uring_register_files_update(&ring_, static_cast<unsigned>(r->fixed_file), &minus_one, 1);
             free_files_.push_back(r->fixed_file);
             r->fixed_file = -1;
         }
         return r;
     }
 
+    // Resubmits the rest of slot i; on a broken ring the piece fails instead. Returns the
+    // request if it just finished. Caller holds mutex_.
+    request_ptr retry_locked(unsigned i) {
+        if (prep_locked(i)) return nullptr;
+        return fail_piece_locked(i, broken_note);
+    }
+
     // Acts on one completion of slot i. Caller holds mutex_.
-    std::shared_ptr<detail::request_state> complete_locked(unsigned i, long res) {
+    request_ptr complete_locked(unsigned i, long res) {
         slot& s = slots_[i];
         auto& r = *s.req;
         std::size_t want = s.len - s.done;
@@ -377,13 +501,9 @@ private:
         const char* extra = "";
         if (res == -EAGAIN || res == -EINTR) {
             counters_.again_retries.fetch_add(1, std::memory_order_relaxed);
-            prep_locked(i);
-            return nullptr;
+            return retry_locked(i);
         }
-        if (res == 0 && r.op == io_op::write && ++s.zero_writes <= 1000) {
-            prep_locked(i);
-            return nullptr;
-        }
+        if (res == 0 && r.op == io_op::write && ++s.zero_writes <= 1000) return retry_locked(i);
         if (res == 0) {
             extra = r.op == io_op::read ? "end of file" : "no progress";
             res = r.op == io_op::read ? -ENODATA : -EIO;
@@ -397,21 +517,39 @@ private:
         s.done += static_cast<std::size_t>(res);
         if (s.done < s.len) {
             counters_.short_retries.fetch_add(1, std::memory_order_relaxed);
-            prep_locked(i);
-            return nullptr;
+            return retry_locked(i);
         }
         return release_locked(i);
     }
 
     void reap() {
         std::vector<std::pair<std::uint64_t, long>> batch;
-        std::vector<std::shared_ptr<detail::request_state>> finished;
-        for (bool stop = false; !stop;) {
+        std::vector<request_ptr> finished;
+        bool broken = false;
+        {
+            // Guarantee 6, step 1. A ring that broke before (or while) the poll was armed could
+            // not wake this thread: it goes straight to run_broken().
+            std::lock_guard lock(mutex_);
+            if (io_uring_sqe* sqe = sqe_locked()) {
+                io_uring_prep_poll_add(sqe, wake_fd_, POLLIN);
+                io_uring_sqe_set_data64(sqe, broken_tag);
+                ++unsubmitted_;
+                submit_locked();
+            }
+            broken = broken_ != 0;
+        }
+        while (!broken) {
             io_uring_cqe* cqe = nullptr;
             int ret = io_uring_wait_cqe(&ring_, &cqe);
-            if (ret < 0) {
-                if (ret != -EINTR && ret != -EAGAIN) std::this_thread::yield();
+            if (ret == -EINTR) continue;
+            if (ret == -EAGAIN || ret == -EBUSY) {
+                std::this_thread::yield();
                 continue;
+            }
+            if (ret < 0) {
+                std::lock_guard lock(mutex_);
+                break_locked("io_uring_wait_cqe", -ret);
+                break;
             }
             batch.clear();
             unsigned head = 0, count = 0;
@@ -420,6 +558,7 @@ private:
                 ++count;
             }
             io_uring_cq_advance(&ring_, count);
+            bool stop = false;
             {
                 std::lock_guard lock(mutex_);
                 for (auto [tag, res] : batch) {
@@ -431,13 +570,71 @@ private:
                         wake_pending_ = false;
                         continue;
                     }
+                    if (tag == broken_tag) continue;  // break_locked() woke us: broken_ is set
                     if (auto r = complete_locked(static_cast<unsigned>(tag), res)) finished.push_back(std::move(r));
                 }
-                fill_locked();
+                fill_locked(finished);
                 submit_locked();
+                broken = broken_ != 0;
             }
             for (auto& r : finished) finish(*r);
             finished.clear();
+            if (stop) return;
+        }
+        run_broken(finished);
+    }
+
+    // The completion thread once the ring broke: guarantee 6, steps 4 to 6.
+    void run_broken(std::vector<request_ptr>& finished) {
+        std::unique_lock lock(mutex_);
+        // 4. Entries between the kernel's head and liburing's tail were never consumed.
+        const unsigned unconsumed = io_uring_sq_ready(&ring_);
+        for (unsigned k = 0; k < unconsumed; ++k) {
+            const io_uring_sqe& sqe = ring_.sq.sqes[(ring_.sq.sqe_tail - unconsumed + k) & ring_.sq.ring_mask];
+            const std::uint64_t tag = sqe.user_data;
+            if (tag < slots_.size() && slots_[tag].req)
+                if (auto r = fail_piece_locked(static_cast<unsigned>(tag), broken_note)) finished.push_back(std::move(r));
+        }
+        const auto deadline = std::chrono::steady_clock::now() + broken_grace;
+        auto pause = std::chrono::milliseconds(1);
+        for (;;) {
+            // 5. What the kernel still posts lies in the ring's memory; no syscall on the ring.
+            unsigned head = 0, count = 0;
+            io_uring_cqe* cqe = nullptr;
+            io_uring_for_each_cqe(&ring_, head, cqe) {
+                const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
+                if (tag < slots_.size() && slots_[tag].req)
+                    if (auto r = complete_locked(static_cast<unsigned>(tag), static_cast<long>(cqe->res)))
+                        finished.push_back(std::move(r));
+                ++count;
+            }
+            io_uring_cq_advance(&ring_, count);
+            fail_queue_locked(finished);
+            bool busy = free_slots_.size() < slots_.size();
+            if (busy && std::chrono::steady_clock::now() >= deadline) {
+                for (unsigned i = 0; i < slots_.size(); ++i)
+                    if (slots_[i].req)
+                        if (auto r = fail_piece_locked(i, abandoned_note)) finished.push_back(std::move(r));
+                busy = false;
+            }
+            if (!finished.empty()) {
+                lock.unlock();
+                for (auto& r : finished) finish(*r);
+                finished.clear();
+                lock.lock();
+                continue;
+            }
+            // 5. Pieces in the kernel: look again after `pause`, or at once for a new request.
+            // 6. None: wait for requests to fail, or for the destructor.
+            auto woken = [&] { return stopping_ || !queue_.empty(); };
+            if (busy) {
+                broken_cv_.wait_for(lock, pause, woken);
+                pause = std::min(pause * 2, std::chrono::milliseconds(64));
+            } else if (stopping_ && queue_.empty()) {
+                return;
+            } else {
+                broken_cv_.wait(lock, woken);
+            }
         }
     }
 
@@ -451,6 +648,7 @@ private:
     io_uring ring_{};
     std::mutex mutex_;
     std::condition_variable idle_cv_;
+    std::condition_variable broken_cv_;  // the completion thread of a broken ring waits here
     std::deque<std::shared_ptr<detail::request_state>> queue_;
     std::vector<slot> slots_;
     std::vector<unsigned> free_slots_;
@@ -458,6 +656,10 @@ private:
     std::vector<iovec> buffers_;
     unsigned unsubmitted_ = 0;
     bool wake_pending_ = false;  // a wake-up NOP is in the ring
+    bool stopping_ = false;      // the destructor waits for the completion thread
+    int broken_ = 0;             // the errno that broke the ring; 0 while it works (guarantee 6)
+    const char* broken_call_ = "";  // the call that failed: "io_uring_submit" or "io_uring_wait_cqe"
+    int wake_fd_ = -1;           // eventfd watched by a POLL in the ring (guarantee 6)
     std::size_t outstanding_ = 0;
     detail::engine_counters counters_;
     std::thread reaper_;

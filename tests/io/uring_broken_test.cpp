@@ -1,0 +1,327 @@
+// Tests of uring_engine when its ring breaks under it (guarantee 6 of uring_engine.hpp).
+//
+// The ring is broken from the outside: the test finds the descriptors of the rings the
+// engine's constructor opened (/proc/self/fd links that read "anon_inode:[io_uring]" and
+// were not there before) and dup2()s /dev/null onto them, so the engine's next
+// io_uring_enter fails with EOPNOTSUPP. A completion thread already asleep in
+// io_uring_enter keeps the old ring alive until it returns. Each case covers one way the
+// engine learns of the break:
+// - idle engine, the next submit() fails: later requests fail at once;
+// - requests queued beyond the queue depth, a piece in the kernel: the queue fails, the piece
+//   completes;
+// - a piece in the kernel that never completes: it fails after the grace period;
+// - io_uring_wait_cqe fails: pieces the kernel completes later still complete, nothing spins.
+// A watchdog ends the process when a case hangs (the old engine aborted or spun for ever).
+#include <spillway/io/uring_engine.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <future>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "support/random_bytes.hpp"
+#include "support/temp_dir.hpp"
+
+#if SPILLWAY_HAS_LIBURING
+
+using namespace spillway;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Ends the process with a message when the case is still running after `limit` (doctest has
+/// no timeout, and a hang would otherwise last until ctest's).
+class watchdog {
+public:
+    explicit watchdog(const char* name, std::chrono::seconds limit = 60s)
+        : thread_([this, name, limit] {
+              std::unique_lock lock(mutex_);
+              if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
+                  std::fprintf(stderr, "uring_broken_test: '%s' still running after %llds: hung\n", name,
+                               static_cast<long long>(limit.count()));
+                  std::_Exit(3);
+              }
+          }) {}
+    ~watchdog() {
+        {
+            std::lock_guard lock(mutex_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;
+};
+
+/// The descriptors of this process's io_uring rings.
+std::vector<int> uring_fds() {
+    std::vector<int> fds;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        auto target = std::filesystem::read_symlink(entry.path(), ec);
+        if (!ec && target == "anon_inode:[io_uring]") fds.push_back(std::stoi(entry.path().filename().string()));
+    }
+    return fds;
+}
+
+/// Puts /dev/null on every ring descriptor opened since `before` was listed; returns them.
+std::vector<int> break_rings(const std::vector<int>& before) {
+    int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    REQUIRE(devnull >= 0);
+    std::vector<int> broken;
+    for (int fd : uring_fds()) {
+        if (std::find(before.begin(), before.end(), fd) != before.end()) continue;
+        REQUIRE(::dup2(devnull, fd) == fd);
+        broken.push_back(fd);
+    }
+    ::close(devnull);
+    REQUIRE(!broken.empty());
+    return broken;
+}
+
+/// After the engine is gone: the numbers that now name /dev/null are not the engine's, and
+/// its destructor must have left them open. The test closes them.
+void close_broken(const std::vector<int>& fds) {
+    for (int fd : fds) {
+        CHECK(::fcntl(fd, F_GETFD) != -1);
+        ::close(fd);
+    }
+}
+
+/// Polls `done` for up to 10 s.
+template <class Pred>
+bool eventually(Pred done) {
+    for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+        if (done()) return true;
+        std::this_thread::sleep_for(1ms);
+    }
+    return done();
+}
+
+/// Checks that `c` failed with the broken ring's error: EOPNOTSUPP, a message naming
+/// io_uring, `call` (when given), the errno text and each of `parts`.
+void check_broken(io_completion& c, std::initializer_list<std::string_view> parts, std::string_view call = {}) {
+    try {
+        c.wait();
+        FAIL("a request on a broken ring succeeded");
+    } catch (const std::system_error& e) {
+        std::string what = e.what();
+        INFO(what);
+        CHECK(e.code().value() == EOPNOTSUPP);
+        CHECK(what.find("io_uring") != std::string::npos);
+        if (!call.empty()) CHECK(what.find(call) != std::string::npos);
+        CHECK(what.find(std::generic_category().message(EOPNOTSUPP)) != std::string::npos);
+        for (auto p : parts) CHECK(what.find(p) != std::string::npos);
+    }
+}
+
+double cpu_seconds() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// A scratch file opened read-write, closed at scope exit.
+struct scratch_file {
+    test::temp_dir dir{"uring-broken"};
+    std::string path = (dir.path() / "data").string();
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    scratch_file() { REQUIRE(fd >= 0); }
+    ~scratch_file() { ::close(fd); }
+};
+
+/// A pipe, closed at scope exit.
+struct pipe_pair {
+    int fds[2] = {-1, -1};
+    pipe_pair() { REQUIRE(::pipe2(fds, O_CLOEXEC) == 0); }
+    ~pipe_pair() {
+        ::close(fds[0]);
+        ::close(fds[1]);
+    }
+    void put(const std::vector<std::byte>& bytes) const {
+        REQUIRE(::write(fds[1], bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+    }
+};
+
+bool skip_without_uring() {
+    if (uring_probe().available) return false;
+    MESSAGE("io_uring unavailable here (" << uring_probe().reason << "): broken-ring case skipped");
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("uring_engine whose ring breaks while idle fails later requests at once, and its destructor returns") {
+    if (skip_without_uring()) return;
+    watchdog dog("idle ring breaks");
+    scratch_file f;
+    auto data = test::random_bytes(10'000, 3);
+    for (auto reg : {io_registration::none, io_registration::files}) {
+        CAPTURE(static_cast<int>(reg));
+        io_engine_config cfg;
+        cfg.queue_depth = 4;
+        cfg.block_size = 4096;
+        cfg.registration = reg;
+        auto before = uring_fds();
+        auto engine = std::make_unique<uring_engine>(cfg);
+        CHECK(engine->write(f.fd, data, 0, f.path).wait() == data.size());
+        std::this_thread::sleep_for(20ms);  // the completion thread is asleep in io_uring_enter now
+        auto broken = break_rings(before);
+
+        auto w = engine->write(f.fd, data, 0, f.path);
+        check_broken(w, {f.path, "write of 10000 bytes at offset 0"}, "io_uring_submit");
+        std::vector<std::byte> back(data.size());
+        auto r = engine->read(f.fd, back, 4096, "after-break");
+        check_broken(r, {"after-break", "read of 10000 bytes at offset 4096"});
+
+        std::atomic<int> calls{0};
+        std::promise<std::exception_ptr> outcome;
+        engine->submit({io_op::write, f.fd, data.data(), data.size(), 0, "callback-form"},
+                       [&](std::size_t n, std::exception_ptr err) {
+                           CHECK(n == 0);
+                           if (calls.fetch_add(1) == 0) outcome.set_value(err);
+                       });
+        auto err = outcome.get_future().get();
+        REQUIRE(err != nullptr);
+        io_completion failed = io_completion::failed(err);
+        check_broken(failed, {"callback-form"});
+
+        auto c = engine->counters();
+        CHECK(c.requests == 4);
+        CHECK(c.failures == 3);
+        engine.reset();  // returns, and frees the ring
+        CHECK(calls.load() == 1);
+        close_broken(broken);
+    }
+}
+
+TEST_CASE("uring_engine fails requests queued beyond the queue depth when its ring breaks; the piece in the kernel "
+          "completes") {
+    if (skip_without_uring()) return;
+    watchdog dog("queued requests");
+    scratch_file f;
+    pipe_pair p;
+    io_engine_config cfg;
+    cfg.queue_depth = 1;
+    cfg.block_size = 4096;
+    auto payload = test::random_bytes(100, 5);
+    auto data = test::random_bytes(3 * 4096, 6);
+    std::vector<std::byte> in(payload.size());
+    auto before = uring_fds();
+    auto engine = std::make_unique<uring_engine>(cfg);
+    auto r = engine->read(p.fds[0], in, 0, "pipe");
+    REQUIRE(eventually([&] { return engine->counters().pieces == 1; }));
+    // Each submit() takes the engine's lock after the completion thread handed the read to the
+    // kernel (it counted the piece under that lock): the read is in the kernel, and the writes
+    // wait behind it in the queue (one slot).
+    std::vector<io_completion> writes;
+    for (int i = 0; i < 5; ++i) writes.push_back(engine->write(f.fd, data, std::uint64_t(i) * data.size(), f.path));
+    CHECK(engine->counters().pieces == 1);
+    auto broken = break_rings(before);
+    p.put(payload);
+    CHECK(r.wait() == payload.size());
+    CHECK(in == payload);
+    for (std::size_t i = 0; i < writes.size(); ++i) {
+        CAPTURE(i);
+        check_broken(writes[i], {f.path, "write of 12288 bytes at offset " + std::to_string(i * data.size())});
+    }
+    auto c = engine->counters();
+    CHECK(c.requests == 6);
+    CHECK(c.failures == 5);
+    engine.reset();
+    close_broken(broken);
+}
+
+TEST_CASE("uring_engine fails a piece the kernel never completes after its ring broke, after a grace period") {
+    if (skip_without_uring()) return;
+    watchdog dog("piece never completes");
+    scratch_file f;
+    pipe_pair p;
+    io_engine_config cfg;
+    cfg.queue_depth = 2;
+    cfg.block_size = 4096;
+    auto data = test::random_bytes(5000, 8);
+    std::vector<std::byte> in(100);  // outlives the engine: the kernel holds it until the ring goes
+    auto before = uring_fds();
+    auto engine = std::make_unique<uring_engine>(cfg);
+    auto r = engine->read(p.fds[0], in, 0, "silent-pipe");
+    REQUIRE(eventually([&] { return engine->counters().pieces == 1; }));
+    // This write's submit() takes the lock after the read was handed to the kernel.
+    CHECK(engine->write(f.fd, data, 0, f.path).wait() == data.size());
+    std::this_thread::sleep_for(20ms);
+    auto broken = break_rings(before);
+
+    auto start = std::chrono::steady_clock::now();
+    auto w = engine->write(f.fd, data, 0, f.path);
+    check_broken(w, {f.path});
+    CHECK(std::chrono::steady_clock::now() - start < 500ms);  // at once, not after the grace
+    CHECK_FALSE(r.ready());
+    check_broken(r, {"silent-pipe", "read of 100 bytes at offset 0", "while the kernel held this piece"});
+    CHECK(std::chrono::steady_clock::now() - start >= 900ms);
+    engine.reset();  // frees the ring, which cancels the read
+    close_broken(broken);
+}
+
+TEST_CASE("uring_engine whose io_uring_wait_cqe fails still completes what the kernel finishes, and does not spin") {
+    if (skip_without_uring()) return;
+    watchdog dog("wait fails");
+    scratch_file f;
+    pipe_pair a, b;
+    io_engine_config cfg;
+    cfg.queue_depth = 3;
+    cfg.block_size = 4096;
+    auto pa = test::random_bytes(100, 10), pb = test::random_bytes(200, 11), data = test::random_bytes(5000, 12);
+    std::vector<std::byte> ina(pa.size()), inb(pb.size());
+    auto before = uring_fds();
+    auto engine = std::make_unique<uring_engine>(cfg);
+    auto ra = engine->read(a.fds[0], ina, 0, "pipe-a");
+    auto rb = engine->read(b.fds[0], inb, 0, "pipe-b");
+    REQUIRE(eventually([&] { return engine->counters().pieces == 2; }));
+    CHECK(engine->write(f.fd, data, 0, f.path).wait() == data.size());  // both reads are in the kernel now
+    std::this_thread::sleep_for(20ms);
+    auto broken = break_rings(before);
+    // Nothing submits: the completion thread learns of the break when, after the completion
+    // of read A, its next io_uring_wait_cqe fails.
+    a.put(pa);
+    CHECK(ra.wait() == pa.size());
+    CHECK(ina == pa);
+    const double cpu0 = cpu_seconds();
+    std::this_thread::sleep_for(200ms);
+    const double cpu = cpu_seconds() - cpu0;
+    CHECK(cpu < 0.1);  // the old engine spun on the failing wait: a whole core
+    // Read B completes through the ring's memory although the ring can no longer be waited on.
+    b.put(pb);
+    CHECK(rb.wait() == pb.size());
+    CHECK(inb == pb);
+    auto w = engine->write(f.fd, data, 0, "late-write");
+    check_broken(w, {"late-write"}, "io_uring_wait_cqe");
+    engine.reset();
+    close_broken(broken);
+}
+
+#else
+TEST_CASE("uring_engine broken-ring cases") { MESSAGE("built without liburing: broken-ring cases skipped"); }
+#endif
