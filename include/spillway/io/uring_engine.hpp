@@ -23,20 +23,27 @@
 //    READ_FIXED / WRITE_FIXED.
 // 5. The destructor waits for every request, stops the completion thread, frees the ring;
 //    it returns on a broken ring too (6).
-// 6. A broken ring never aborts the process and never hangs a caller. The ring is broken when
-//    io_uring_submit or io_uring_wait_cqe fails with an error other than EINTR, EAGAIN or
-//    EBUSY (EBADF, EFAULT, EOPNOTSUPP once the descriptor is no ring ...). The first such
-//    error is kept, nothing is submitted to the ring again, and every request not finished
-//    fails with one std::system_error naming that call, the request and the errno (built in
-//    detail::make_io_error like any other): requests queued and pieces prepared but never
-//    consumed by the kernel fail at once; pieces the kernel had consumed complete as usual
-//    when their completions appear in the ring's memory within broken_grace (1 s), and fail
-//    otherwise (the kernel may then still use their buffers until the destructor frees the
-//    ring, which cancels them); requests submitted later fail at once. Every callback still
-//    runs on the completion thread, which sleeps (no spinning) until the destructor. The
-//    destructor unmaps the ring but closes its descriptor only if the error does not say
-//    that the number no longer refers to the ring (EBADF, EOPNOTSUPP). The working ring
-//    pays nothing for this but one idle POLL entry. Protocol:
+// 6. A broken ring never aborts the process, and makes no caller wait longer than a working
+//    ring would. The ring is broken when io_uring_submit or io_uring_wait_cqe fails with an
+//    error other than EINTR, EAGAIN or EBUSY (EBADF, EFAULT, EOPNOTSUPP once the descriptor
+//    is no ring ...), or when io_uring_submit keeps taking none of the pending entries (the
+//    descriptor's number was closed and now names another ring). The first such error is
+//    kept, nothing is submitted to the ring again, and every request not finished fails
+//    with one std::system_error naming that call, the request and the errno (built in
+//    detail::make_io_error like any other):
+//    - requests queued and pieces prepared but never consumed by the kernel fail at once;
+//    - pieces the kernel had consumed complete as usual when their completions appear in
+//      the ring's memory, and never earlier, since the kernel may write a read's buffer
+//      until then (a piece that never completes, a read from a pipe nobody writes, waits as
+//      it would on a working ring);
+//    - requests submitted later fail at once.
+//    Every callback still runs on the completion thread, which sleeps (no spinning) until
+//    the destructor. The destructor unmaps the ring but closes its descriptor only if the
+//    error does not say that the number no longer refers to the ring (EBADF, EOPNOTSUPP).
+//    The working ring pays for this with one idle POLL entry (re-armed if it ends without a
+//    break; on kernels before 5.13, whose register_buffers() waits for every request in the
+//    ring, register buffers through io_registration only where the kernel is newer).
+//    Protocol:
 //    1. At start the completion thread arms a POLL on the engine's eventfd in the ring.
 //    2. Whichever thread sees the hard error records it under the mutex (break_locked) and
 //       writes to the eventfd.
@@ -49,8 +56,7 @@
 //       ring's head and liburing's tail) and the queue.
 //    5. It reaps the completions the kernel still writes into the ring's memory, without a
 //       syscall on the ring, sleeping on a condition variable between looks (1 ms doubling
-//       to 64 ms; a submit() wakes it), until no piece is in the kernel or broken_grace has
-//       passed; then it fails the pieces left.
+//       to 64 ms; a submit() wakes it), until no piece is in the kernel.
 //    6. It sleeps on that condition variable, failing each request submit() queues, until the
 //       destructor (which waited for every request) sets stopping_ and wakes it.
 #pragma once
@@ -164,10 +170,6 @@ inline const uring_probe_result& uring_probe() {
 /// io_engine.hpp (see the guarantees above). Only when built with liburing.
 class uring_engine {
 public:
-    /// How long pieces the kernel had consumed may still complete after the ring broke
-    /// (guarantee 6); then they fail.
-    static constexpr std::chrono::milliseconds broken_grace{1000};
-
     /// Throws std::invalid_argument for a bad config, std::system_error when the ring cannot
     /// be set up (the message carries the probe's reason when the probe failed) or the
     /// eventfd of guarantee 6 cannot be made.
@@ -305,8 +307,6 @@ private:
     static constexpr std::uint64_t broken_tag = stop_tag - 2;  // the POLL on wake_fd_ (guarantee 6)
 
     static constexpr const char* broken_note = "the io_uring ring is broken";
-    static constexpr const char* abandoned_note =  // (1 s: broken_grace)
-        "the io_uring ring broke while the kernel held this piece, and its completion did not come within 1 s";
 
     struct slot {
         std::shared_ptr<detail::request_state> req;
@@ -408,11 +408,25 @@ private:
     // Submits prepared entries; a hard error breaks the ring (guarantee 6, step 2). Caller
     // holds mutex_.
     void submit_locked() {
+        unsigned idle_submits = 0;
         while (unsubmitted_ > 0) {
             int ret = io_uring_submit(&ring_);
-            if (ret >= 0) {
+            if (ret > 0) {
                 unsubmitted_ -= std::min<unsigned>(unsubmitted_, static_cast<unsigned>(ret));
-                if (ret == 0) std::this_thread::yield();
+                idle_submits = 0;
+                continue;
+            }
+            if (ret == 0) {
+                // A working ring takes at least one of the entries it is given, or says why
+                // not (EAGAIN, EBUSY). Nothing taken, entries still pending, again and again:
+                // the descriptor's number now names another ring (guarantee 6).
+                if (io_uring_sq_ready(&ring_) == 0) {
+                    unsubmitted_ = 0;
+                } else if (++idle_submits > 64) {
+                    break_locked("io_uring_submit", EBADF);
+                } else {
+                    std::this_thread::yield();
+                }
                 continue;
             }
             if (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY) {
@@ -420,6 +434,17 @@ private:
                 continue;
             }
             break_locked("io_uring_submit", -ret);
+        }
+    }
+
+    // Arms the POLL on wake_fd_ that wakes the completion thread when the ring breaks
+    // (guarantee 6, step 1); nothing on a broken ring. Caller holds mutex_.
+    void arm_wake_poll_locked() {
+        if (io_uring_sqe* sqe = sqe_locked()) {
+            io_uring_prep_poll_add(sqe, wake_fd_, POLLIN);
+            io_uring_sqe_set_data64(sqe, broken_tag);
+            ++unsubmitted_;
+            submit_locked();
         }
     }
 
@@ -530,12 +555,7 @@ private:
             // Guarantee 6, step 1. A ring that broke before (or while) the poll was armed could
             // not wake this thread: it goes straight to run_broken().
             std::lock_guard lock(mutex_);
-            if (io_uring_sqe* sqe = sqe_locked()) {
-                io_uring_prep_poll_add(sqe, wake_fd_, POLLIN);
-                io_uring_sqe_set_data64(sqe, broken_tag);
-                ++unsubmitted_;
-                submit_locked();
-            }
+            arm_wake_poll_locked();
             broken = broken_ != 0;
         }
         while (!broken) {
@@ -570,7 +590,12 @@ private:
                         wake_pending_ = false;
                         continue;
                     }
-                    if (tag == broken_tag) continue;  // break_locked() woke us: broken_ is set
+                    // break_locked() woke us (broken_ is set), or the poll ended otherwise on a
+                    // working ring (cancelled): then it is armed again, or no break could wake us.
+                    if (tag == broken_tag) {
+                        if (!broken_) arm_wake_poll_locked();
+                        continue;
+                    }
                     if (auto r = complete_locked(static_cast<unsigned>(tag), res)) finished.push_back(std::move(r));
                 }
                 fill_locked(finished);
@@ -590,12 +615,12 @@ private:
         // 4. Entries between the kernel's head and liburing's tail were never consumed.
         const unsigned unconsumed = io_uring_sq_ready(&ring_);
         for (unsigned k = 0; k < unconsumed; ++k) {
-            const io_uring_sqe& sqe = ring_.sq.sqes[(ring_.sq.sqe_tail - unconsumed + k) & ring_.sq.ring_mask];
+            // (*kring_mask, not ring_mask: the latter is new in liburing 2.3.)
+            const io_uring_sqe& sqe = ring_.sq.sqes[(ring_.sq.sqe_tail - unconsumed + k) & *ring_.sq.kring_mask];
             const std::uint64_t tag = sqe.user_data;
             if (tag < slots_.size() && slots_[tag].req)
                 if (auto r = fail_piece_locked(static_cast<unsigned>(tag), broken_note)) finished.push_back(std::move(r));
         }
-        const auto deadline = std::chrono::steady_clock::now() + broken_grace;
         auto pause = std::chrono::milliseconds(1);
         for (;;) {
             // 5. What the kernel still posts lies in the ring's memory; no syscall on the ring.
@@ -610,13 +635,7 @@ private:
             }
             io_uring_cq_advance(&ring_, count);
             fail_queue_locked(finished);
-            bool busy = free_slots_.size() < slots_.size();
-            if (busy && std::chrono::steady_clock::now() >= deadline) {
-                for (unsigned i = 0; i < slots_.size(); ++i)
-                    if (slots_[i].req)
-                        if (auto r = fail_piece_locked(i, abandoned_note)) finished.push_back(std::move(r));
-                busy = false;
-            }
+            const bool busy = free_slots_.size() < slots_.size();
             if (!finished.empty()) {
                 lock.unlock();
                 for (auto& r : finished) finish(*r);
