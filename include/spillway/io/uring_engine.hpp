@@ -51,7 +51,8 @@
 //       a blocked io_uring_enter keeps the ring's file alive even after its descriptor was
 //       closed or replaced, so nothing else would wake it (no NOP can be submitted to a
 //       broken ring). If it is awake, it sees the error under the mutex, or its next wait
-//       fails.
+//       fails. A thread that went back into io_uring_enter on a number now naming another
+//       ring wakes at its wait's one-second timeout (kernels 5.11+) and sees the error.
 //    4. It fails the pieces whose entries the kernel never consumed (those between the SQ
 //       ring's head and liburing's tail) and the queue.
 //    5. It reaps the completions the kernel still writes into the ring's memory, without a
@@ -408,21 +409,20 @@ private:
     // Submits prepared entries; a hard error breaks the ring (guarantee 6, step 2). Caller
     // holds mutex_.
     void submit_locked() {
-        unsigned idle_submits = 0;
+        unsigned stalled = 0;
         while (unsubmitted_ > 0) {
             int ret = io_uring_submit(&ring_);
-            if (ret > 0) {
-                unsubmitted_ -= std::min<unsigned>(unsubmitted_, static_cast<unsigned>(ret));
-                idle_submits = 0;
-                continue;
-            }
-            if (ret == 0) {
-                // A working ring takes at least one of the entries it is given, or says why
-                // not (EAGAIN, EBUSY). Nothing taken, entries still pending, again and again:
-                // the descriptor's number now names another ring (guarantee 6).
-                if (io_uring_sq_ready(&ring_) == 0) {
-                    unsubmitted_ = 0;
-                } else if (++idle_submits > 64) {
+            if (ret >= 0) {
+                // What is left is the kernel's word (its head of this ring's submission queue),
+                // not `ret`: a call on a descriptor whose number now names another ring can
+                // take that ring's entries and return their count. A working ring takes at
+                // least one of ours per call, or says why not (EAGAIN, EBUSY); none taken,
+                // again and again: the number is no longer this ring's (guarantee 6).
+                const unsigned left = io_uring_sq_ready(&ring_);
+                if (left < unsubmitted_) {
+                    unsubmitted_ = left;
+                    stalled = 0;
+                } else if (++stalled > 64) {
                     break_locked("io_uring_submit", EBADF);
                 } else {
                     std::this_thread::yield();
@@ -558,9 +558,21 @@ private:
             arm_wake_poll_locked();
             broken = broken_ != 0;
         }
+        // Where the kernel takes a timeout with the wait (5.11+, no submission entry needed),
+        // the thread looks at broken_ every second: a descriptor closed and its number given
+        // to another ring would otherwise let it sleep on that ring once a spurious wake-up
+        // sent it back into io_uring_enter, where this ring's POLL cannot reach it.
+        const bool timed = (ring_.features & IORING_FEAT_EXT_ARG) != 0;
+        __kernel_timespec tick{};
+        tick.tv_sec = 1;
         while (!broken) {
             io_uring_cqe* cqe = nullptr;
-            int ret = io_uring_wait_cqe(&ring_, &cqe);
+            int ret = timed ? io_uring_wait_cqe_timeout(&ring_, &cqe, &tick) : io_uring_wait_cqe(&ring_, &cqe);
+            if (ret == -ETIME) {
+                std::lock_guard lock(mutex_);
+                broken = broken_ != 0;
+                continue;
+            }
             if (ret == -EINTR) continue;
             if (ret == -EAGAIN || ret == -EBUSY) {
                 std::this_thread::yield();
