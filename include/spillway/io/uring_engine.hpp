@@ -411,6 +411,7 @@ private:
     void submit_locked() {
         unsigned stalled = 0;
         while (unsubmitted_ > 0) {
+            const unsigned pending = io_uring_sq_ready(&ring_);
             int ret = io_uring_submit(&ring_);
             if (ret >= 0) {
                 // What is left is the kernel's word (its head of this ring's submission queue),
@@ -418,9 +419,8 @@ private:
                 // take that ring's entries and return their count. A working ring takes at
                 // least one of ours per call, or says why not (EAGAIN, EBUSY); none taken,
                 // again and again: the number is no longer this ring's (guarantee 6).
-                const unsigned left = io_uring_sq_ready(&ring_);
-                if (left < unsubmitted_) {
-                    unsubmitted_ = left;
+                unsubmitted_ = io_uring_sq_ready(&ring_);
+                if (unsubmitted_ < pending) {
                     stalled = 0;
                 } else if (++stalled > 64) {
                     break_locked("io_uring_submit", EBADF);
