@@ -11,10 +11,12 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 namespace spillway {
 
@@ -96,6 +98,32 @@ inline std::system_error with_context(const std::system_error& e, std::string_vi
     if (!message.empty() && !inner.empty()) message += ": ";
     message += inner;
     return std::system_error(e.code(), message);
+}
+
+/// A re-throwable copy of `error` with `context` in front of its message, for errors carried
+/// as std::exception_ptr from a completion thread to the caller. A std::system_error keeps its
+/// code (as above), a std::invalid_argument stays one, any other exception becomes a
+/// std::runtime_error with the same text.
+/// @param error   the error from the layer below; must not be null
+/// @param context e.g.\ `"stash: read of 'x' from tier 'disk'"`; ": " separates it
+inline std::exception_ptr with_context(std::exception_ptr error, std::string_view context) {
+    const std::string prefix = std::string(context) + ": ";
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::system_error& e) {
+        return std::make_exception_ptr(with_context(e, context));
+    } catch (const std::invalid_argument& e) {
+        return std::make_exception_ptr(std::invalid_argument(prefix + e.what()));
+    } catch (const std::exception& e) {
+        return std::make_exception_ptr(std::runtime_error(prefix + e.what()));
+    } catch (...) {
+        return std::make_exception_ptr(std::runtime_error(prefix + "unknown error"));
+    }
+}
+
+/// Throws with_context(error, context).
+[[noreturn]] inline void rethrow_with_context(std::exception_ptr error, std::string_view context) {
+    std::rethrow_exception(with_context(std::move(error), context));
 }
 
 /// Validates a key or file name supplied by a caller: non-empty, at most 255 bytes, no '/',

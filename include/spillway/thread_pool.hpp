@@ -19,10 +19,10 @@
 // - A pool of size 0 runs everything on the caller.
 // - Waiting (optional, `spin`): a worker out of tasks, and a parallel_for caller waiting for
 //   the helpers' last chunks, first poll for up to `spin` (pausing between polls), then block.
-//   Waking a blocked thread costs tens of microseconds on a virtual machine (an interrupt to a
-//   halted virtual CPU), and a compute loop that calls parallel_for hundreds of times a step
-//   pays it at every call; a short spin keeps the workers awake between calls, at the price of
-//   that much CPU time when no call follows. Default 0: block at once (for I/O pools).
+//   Waking a blocked thread is slow on a virtual machine (an interrupt to a halted virtual
+//   CPU), and a compute loop that calls parallel_for many times a step pays it at every call;
+//   a short spin keeps the workers awake between calls, at the price of that much CPU time
+//   when no call follows. Default 0: block at once (for I/O pools).
 // - Workers carry the pool's name (default "spw-pool"; see thread_name.hpp).
 #pragma once
 
@@ -64,7 +64,8 @@ public:
                          std::chrono::microseconds spin = std::chrono::microseconds{0})
         : spin_(spin) {
         workers_.reserve(threads);
-        for (std::size_t i = 0; i < threads; ++i) detail::name_thread(workers_.emplace_back([this] { run(); }), name);
+        for (std::size_t i = 0; i < threads; ++i)
+            detail::name_thread(workers_.emplace_back([this] { run(); }), name);
     }
     thread_pool(const thread_pool&) = delete;
     thread_pool& operator=(const thread_pool&) = delete;
@@ -135,7 +136,7 @@ public:
         // The error leaves the call state, which a helper may hold after this call returns, so
         // that the exception's last owner is this thread (a helper dropping the last reference
         // after the handler read it is ordered only by libstdc++'s reference count, which
-        // ThreadSanitizer cannot see: it reported a race in about 1 of 150 runs).
+        // ThreadSanitizer cannot see, so it would report a race).
         if (std::exception_ptr error = std::exchange(call->error, nullptr)) {
             lock.unlock();
             std::rethrow_exception(error);
@@ -153,17 +154,17 @@ public:
     static constexpr std::size_t chunks_per_thread = 2;
 
 private:
-
     /// One parallel_for call, shared with the helpers it submitted.
     struct call_state {
         std::atomic<std::size_t> next{0};  // the next chunk to take
         std::size_t count = 0, per = 0, chunks = 0;
-        void* fn = nullptr;                               // the caller's callable
+        void* fn = nullptr;  // the caller's callable
         void (*run)(void*, std::size_t, std::size_t) = nullptr;
         std::mutex m;
         std::condition_variable cv;
         std::size_t finished = 0;  // chunks done (guarded by m)
-        std::atomic<bool> all_done{false};  // finished == chunks (set under m; polled by a spinning caller)
+        std::atomic<bool> all_done{
+            false};                // finished == chunks (set under m; polled by a spinning caller)
         std::exception_ptr error;  // the first a chunk threw (guarded by m)
 
         /// Takes chunks until none is left; each is counted once it has run.
@@ -193,7 +194,8 @@ private:
         for (;;) {
             std::function<void()> task;
             spin_until([&] {
-                return queued_.load(std::memory_order_acquire) > 0 || stopping_.load(std::memory_order_acquire);
+                return queued_.load(std::memory_order_acquire) > 0 ||
+                       stopping_.load(std::memory_order_acquire);
             });
             {
                 std::unique_lock lock(mutex_);
@@ -219,7 +221,8 @@ private:
         }
     }
     const std::chrono::microseconds spin_;
-    std::atomic<std::size_t> queued_{0};    // queue_.size(), for spinning workers (changed under mutex_)
+    std::atomic<std::size_t> queued_{
+        0};  // queue_.size(), for spinning workers (changed under mutex_)
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> queue_;

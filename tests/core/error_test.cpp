@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <cerrno>
+#include <exception>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -50,6 +52,26 @@ TEST_CASE("with_context keeps an inner message that does not end with the errno 
     const std::string what = spillway::with_context(inner, "read 'k'").what();
     CHECK(what.rfind("read 'k'", 0) == 0);
     CHECK(occurrences(what, std::generic_category().message(EIO)) == 1);
+}
+
+TEST_CASE("with_context on an exception_ptr keeps the kind of error and the errno") {
+    auto rethrown = [](std::exception_ptr e) { std::rethrow_exception(e); };
+    const auto sys = spillway::with_context(
+        std::make_exception_ptr(std::system_error(EIO, std::generic_category(), "pread")), "read 'k'");
+    CHECK_THROWS_WITH_AS(rethrown(sys), doctest::Contains("read 'k': pread"), std::system_error);
+    try {
+        rethrown(sys);
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == EIO);
+    }
+    const auto arg = spillway::with_context(std::make_exception_ptr(std::invalid_argument("bad size")), "tier 'x'");
+    CHECK_THROWS_WITH_AS(rethrown(arg), "tier 'x': bad size", std::invalid_argument);
+    const auto other = spillway::with_context(std::make_exception_ptr(std::out_of_range("gone")), "stash");
+    CHECK_THROWS_WITH_AS(rethrown(other), "stash: gone", std::runtime_error);
+    const auto unknown = spillway::with_context(std::make_exception_ptr(42), "stash");
+    CHECK_THROWS_WITH_AS(rethrown(unknown), "stash: unknown error", std::runtime_error);
+    CHECK_THROWS_WITH_AS(spillway::rethrow_with_context(std::make_exception_ptr(std::runtime_error("x")), "y"),
+                         "y: x", std::runtime_error);
 }
 
 TEST_CASE("validate_key refuses names that could escape their directory, naming the key") {

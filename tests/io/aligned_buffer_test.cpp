@@ -71,14 +71,18 @@ TEST_CASE("aligned_buffer: a bad alignment is refused with its value") {
     CHECK_THROWS_WITH_AS(aligned_buffer(4096, memory_lock::unlocked, 3000),
                          doctest::Contains("3000 is not a power of two"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(aligned_buffer(4096, memory_lock::unlocked, 0),
-                         doctest::Contains("alignment 0 is not a power of two"), std::invalid_argument);
+                         doctest::Contains("alignment 0 is not a power of two"),
+                         std::invalid_argument);
 }
 
-TEST_CASE("aligned_buffer and buffer_arena: a size no memory holds is std::bad_alloc, not a wrapped capacity") {
-    // Rounded up, these sizes wrapped around to a capacity of 0 or a few pages (a later write
-    // inside size() ran off the allocation).
+TEST_CASE(
+    "aligned_buffer and buffer_arena: a size no memory holds is std::bad_alloc, not a wrapped "
+    "capacity") {
+    // Rounded up, these sizes would wrap around to a capacity of 0 or a few pages, and a later
+    // write inside size() would run off the allocation.
     constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
-    CHECK_THROWS_AS(aligned_buffer(huge - 100, memory_lock::unlocked, default_alignment, buffer_fill::uninitialized),
+    CHECK_THROWS_AS(aligned_buffer(huge - 100, memory_lock::unlocked, default_alignment,
+                                   buffer_fill::uninitialized),
                     std::bad_alloc);
     CHECK_THROWS_AS(aligned_buffer(huge - (std::size_t{1} << 20)), std::bad_alloc);
     buffer_arena arena;
@@ -96,7 +100,8 @@ TEST_CASE("aligned_buffer: moves hand over memory, size and the page advice") {
     CHECK(b.size() == 4 * MiB);
     CHECK(b.huge_page_advice() == advice);
     CHECK(b.bytes()[17] == std::byte{9});
-    CHECK(a.data() == nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is specified
+    CHECK(a.data() ==
+          nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is specified
     CHECK(a.size() == 0);
     CHECK_FALSE(a.huge_page_advice());
     aligned_buffer c(8 * KiB);
@@ -110,7 +115,8 @@ TEST_CASE("aligned_buffer: large buffers get the huge-page advice unless page_si
     aligned_buffer small(huge_page_bytes - 4096);
     CHECK_FALSE(small.huge_page_advice());
 
-    aligned_buffer base(8 * MiB, memory_lock::unlocked, default_alignment, buffer_fill::zeroed, page_size::base);
+    aligned_buffer base(8 * MiB, memory_lock::unlocked, default_alignment, buffer_fill::zeroed,
+                        page_size::base);
     CHECK_FALSE(base.huge_page_advice());
     CHECK(all_zero(base.padded_bytes()));
 
@@ -132,7 +138,9 @@ bool mapped_here(const void* p) {
     std::string line;
     while (std::getline(maps, line)) {
         std::uintptr_t lo = 0, hi = 0;
-        if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2 && lo <= addr && addr < hi) return true;
+        if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2 && lo <= addr &&
+            addr < hi)
+            return true;
     }
     return false;
 }
@@ -155,10 +163,13 @@ std::string vm_flags(const void* p) {
 
 }  // namespace
 
-TEST_CASE("aligned_buffer: large buffers are not inherited over fork(), so the parent keeps its huge pages") {
+TEST_CASE(
+    "aligned_buffer: large buffers are not inherited over fork(), so the parent keeps its huge "
+    "pages") {
     aligned_buffer large(8 * MiB + 5);
     aligned_buffer small(64 * KiB);
-    aligned_buffer base(8 * MiB, memory_lock::unlocked, default_alignment, buffer_fill::zeroed, page_size::base);
+    aligned_buffer base(8 * MiB, memory_lock::unlocked, default_alignment, buffer_fill::zeroed,
+                        page_size::base);
     CHECK_FALSE(large.fork_inherited());
     CHECK(small.fork_inherited());
     CHECK(base.fork_inherited());
@@ -170,10 +181,10 @@ TEST_CASE("aligned_buffer: large buffers are not inherited over fork(), so the p
     REQUIRE(pid >= 0);
     if (pid == 0) {
         int code = 0;
-        if (mapped_here(large.data())) code = 1;       // not inherited
-        if (!mapped_here(small.data())) code = 2;      // ordinary heap memory is
+        if (mapped_here(large.data())) code = 1;   // not inherited
+        if (!mapped_here(small.data())) code = 2;  // ordinary heap memory is
         if (small.bytes()[0] != std::byte{0}) code = 3;
-        { aligned_buffer gone(std::move(large)); }     // destroying it in the child is harmless
+        { aligned_buffer gone(std::move(large)); }  // destroying it in the child is harmless
         ::_exit(code);
     }
     int status = 0;
@@ -187,7 +198,8 @@ TEST_CASE("aligned_buffer: large buffers are not inherited over fork(), so the p
     CHECK(large.bytes()[8192] == std::byte{9});
 }
 
-TEST_CASE("aligned_buffer: a large buffer's memory is returned to the system when it is destroyed") {
+TEST_CASE(
+    "aligned_buffer: a large buffer's memory is returned to the system when it is destroyed") {
     const void* where = nullptr;
     {
         aligned_buffer large(4 * MiB);
@@ -199,7 +211,9 @@ TEST_CASE("aligned_buffer: a large buffer's memory is returned to the system whe
 
 // ---- buffer_arena: small buffers carved from shared huge-page slabs -------------------------
 
-TEST_CASE("buffer_arena: buffers behave like aligned_buffers: sizes, alignment, zeroing, padding, advice") {
+TEST_CASE(
+    "buffer_arena: buffers behave like aligned_buffers: sizes, alignment, zeroing, padding, "
+    "advice") {
     buffer_arena arena;
     aligned_buffer a = arena.allocate(5000);
     CHECK(a.size() == 5000);
@@ -222,7 +236,9 @@ TEST_CASE("buffer_arena: buffers behave like aligned_buffers: sizes, alignment, 
     CHECK(all_zero(b.padded_bytes().subspan(4100)));
 }
 
-TEST_CASE("buffer_arena: small buffers share a slab; freed pieces merge and are reused; an empty slab is unmapped") {
+TEST_CASE(
+    "buffer_arena: small buffers share a slab; freed pieces merge and are reused; an empty slab is "
+    "unmapped") {
     buffer_arena arena;
     std::vector<aligned_buffer> quarter;
     for (int i = 0; i < 4; ++i) quarter.push_back(arena.allocate(512 * KiB));
@@ -233,13 +249,15 @@ TEST_CASE("buffer_arena: small buffers share a slab; freed pieces merge and are 
     const std::byte* base = quarter[0].data();
     CHECK(is_aligned(base, huge_page_bytes));
     for (int i = 0; i < 4; ++i) {  // four disjoint pieces; each keeps what is written to it
-        CHECK(quarter[static_cast<std::size_t>(i)].data() == base + static_cast<std::size_t>(i) * 512 * KiB);
+        CHECK(quarter[static_cast<std::size_t>(i)].data() ==
+              base + static_cast<std::size_t>(i) * 512 * KiB);
         auto bytes = quarter[static_cast<std::size_t>(i)].bytes();
         std::fill(bytes.begin(), bytes.end(), std::byte(i + 1));
     }
     for (int i = 0; i < 4; ++i) {
         auto bytes = quarter[static_cast<std::size_t>(i)].bytes();
-        CHECK(std::all_of(bytes.begin(), bytes.end(), [&](std::byte v) { return v == std::byte(i + 1); }));
+        CHECK(std::all_of(bytes.begin(), bytes.end(),
+                          [&](std::byte v) { return v == std::byte(i + 1); }));
     }
 
     // Two neighbours freed make room for one buffer of twice the size, in place.
@@ -313,7 +331,8 @@ TEST_CASE("buffer_arena: threads allocating and freeing at once never share a by
                 if (held.size() > 6) {  // free a random one after checking nobody wrote into it
                     const std::size_t k = rng() % held.size();
                     auto bytes = held[k].bytes();
-                    if (!std::all_of(bytes.begin(), bytes.end(), [&](std::byte v) { return v == std::byte(t + 1); }))
+                    if (!std::all_of(bytes.begin(), bytes.end(),
+                                     [&](std::byte v) { return v == std::byte(t + 1); }))
                         ++bad;
                     held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
                 }

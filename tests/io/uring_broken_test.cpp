@@ -12,7 +12,7 @@
 // - a piece in the kernel: it completes when the kernel finishes it, however late, never earlier;
 // - the descriptor's number closed and taken by another ring: requests fail, nothing spins;
 // - io_uring_wait_cqe fails: pieces the kernel completes later still complete, nothing spins.
-// A watchdog ends the process when a case hangs (the old engine aborted or spun for ever).
+// A watchdog ends the process when a case hangs (an engine that aborts or spins for ever).
 #include <spillway/io/uring_engine.hpp>
 
 #include <doctest/doctest.h>
@@ -58,8 +58,8 @@ public:
         : thread_([this, name, limit] {
               std::unique_lock lock(mutex_);
               if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
-                  std::fprintf(stderr, "uring_broken_test: '%s' still running after %llds: hung\n", name,
-                               static_cast<long long>(limit.count()));
+                  std::fprintf(stderr, "uring_broken_test: '%s' still running after %llds: hung\n",
+                               name, static_cast<long long>(limit.count()));
                   std::_Exit(3);
               }
           }) {}
@@ -85,7 +85,8 @@ std::vector<int> uring_fds() {
     for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
         std::error_code ec;
         auto target = std::filesystem::read_symlink(entry.path(), ec);
-        if (!ec && target == "anon_inode:[io_uring]") fds.push_back(std::stoi(entry.path().filename().string()));
+        if (!ec && target == "anon_inode:[io_uring]")
+            fds.push_back(std::stoi(entry.path().filename().string()));
     }
     return fds;
 }
@@ -117,7 +118,8 @@ void close_broken(const std::vector<int>& fds) {
 /// Polls `done` for up to 10 s.
 template <class Pred>
 bool eventually(Pred done) {
-    for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+    for (auto end = std::chrono::steady_clock::now() + 10s;
+         std::chrono::steady_clock::now() < end;) {
         if (done()) return true;
         std::this_thread::sleep_for(1ms);
     }
@@ -126,7 +128,8 @@ bool eventually(Pred done) {
 
 /// Checks that `c` failed with the broken ring's error: EOPNOTSUPP, a message naming
 /// io_uring, `call` (when given), the errno text and each of `parts`.
-void check_broken(io_completion& c, std::initializer_list<std::string_view> parts, std::string_view call = {}) {
+void check_broken(io_completion& c, std::initializer_list<std::string_view> parts,
+                  std::string_view call = {}) {
     try {
         c.wait();
         FAIL("a request on a broken ring succeeded");
@@ -163,10 +166,12 @@ thread_activity activity_of(const std::string& name) {
         std::istringstream rest(line.substr(line.rfind(')') + 2));
         std::vector<std::string> f{std::istream_iterator<std::string>(rest), {}};
         REQUIRE(f.size() > 12);
-        a.cpu_seconds = static_cast<double>(std::stol(f[11]) + std::stol(f[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+        a.cpu_seconds = static_cast<double>(std::stol(f[11]) + std::stol(f[12])) /
+                        static_cast<double>(::sysconf(_SC_CLK_TCK));
         std::ifstream status(task.path() / "status");
         for (std::string l; std::getline(status, l);)
-            if (l.rfind("voluntary_ctxt_switches:", 0) == 0 || l.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
+            if (l.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+                l.rfind("nonvoluntary_ctxt_switches:", 0) == 0)
                 a.switches += std::stol(l.substr(l.find(':') + 1));
         return a;
     }
@@ -204,7 +209,9 @@ bool skip_without_uring() {
 
 }  // namespace
 
-TEST_CASE("uring_engine whose ring breaks while idle fails later requests at once, and its destructor returns") {
+TEST_CASE(
+    "uring_engine whose ring breaks while idle fails later requests at once, and its destructor "
+    "returns") {
     if (skip_without_uring()) return;
     watchdog dog("idle ring breaks");
     scratch_file f;
@@ -248,8 +255,10 @@ TEST_CASE("uring_engine whose ring breaks while idle fails later requests at onc
     }
 }
 
-TEST_CASE("uring_engine fails requests queued beyond the queue depth when its ring breaks; the piece in the kernel "
-          "completes") {
+TEST_CASE(
+    "uring_engine fails requests queued beyond the queue depth when its ring breaks; the piece in "
+    "the kernel "
+    "completes") {
     if (skip_without_uring()) return;
     watchdog dog("queued requests");
     scratch_file f;
@@ -268,7 +277,8 @@ TEST_CASE("uring_engine fails requests queued beyond the queue depth when its ri
     // kernel (it counted the piece under that lock): the read is in the kernel, and the writes
     // wait behind it in the queue (one slot).
     std::vector<io_completion> writes;
-    for (int i = 0; i < 5; ++i) writes.push_back(engine->write(f.fd, data, std::uint64_t(i) * data.size(), f.path));
+    for (int i = 0; i < 5; ++i)
+        writes.push_back(engine->write(f.fd, data, std::uint64_t(i) * data.size(), f.path));
     CHECK(engine->counters().pieces == 1);
     auto broken = break_rings(before);
     p.put(payload);
@@ -276,7 +286,8 @@ TEST_CASE("uring_engine fails requests queued beyond the queue depth when its ri
     CHECK(in == payload);
     for (std::size_t i = 0; i < writes.size(); ++i) {
         CAPTURE(i);
-        check_broken(writes[i], {f.path, "write of 12288 bytes at offset " + std::to_string(i * data.size())});
+        check_broken(writes[i],
+                     {f.path, "write of 12288 bytes at offset " + std::to_string(i * data.size())});
     }
     auto c = engine->counters();
     CHECK(c.requests == 6);
@@ -285,7 +296,9 @@ TEST_CASE("uring_engine fails requests queued beyond the queue depth when its ri
     close_broken(broken);
 }
 
-TEST_CASE("uring_engine completes a piece the kernel held when its ring broke only when the kernel finishes it") {
+TEST_CASE(
+    "uring_engine completes a piece the kernel held when its ring broke only when the kernel "
+    "finishes it") {
     if (skip_without_uring()) return;
     watchdog dog("late piece");
     scratch_file f;
@@ -307,8 +320,8 @@ TEST_CASE("uring_engine completes a piece the kernel held when its ring broke on
     auto w = engine->write(f.fd, data, 0, f.path);
     check_broken(w, {f.path});
     // The kernel still owns the read's buffer: the engine must not call the read finished
-    // (an earlier version failed it after a grace period, and the kernel wrote the buffer
-    // afterwards), however long the data takes.
+    // however long the data takes (failing it after a grace period would let the kernel
+    // write the buffer after its owner got it back).
     std::this_thread::sleep_for(1500ms);
     CHECK_FALSE(r.ready());
     p.put(payload);
@@ -318,8 +331,10 @@ TEST_CASE("uring_engine completes a piece the kernel held when its ring broke on
     close_broken(broken);
 }
 
-TEST_CASE("uring_engine whose ring descriptor was closed and now names another ring fails requests instead of "
-          "spinning") {
+TEST_CASE(
+    "uring_engine whose ring descriptor was closed and now names another ring fails requests "
+    "instead of "
+    "spinning") {
     if (skip_without_uring()) return;
     watchdog dog("descriptor reused");
     scratch_file f;
@@ -336,8 +351,8 @@ TEST_CASE("uring_engine whose ring descriptor was closed and now names another r
     auto b = std::make_unique<uring_engine>();  // takes the lowest free number: A's
     const auto now = uring_fds();
     REQUIRE(std::find(now.begin(), now.end(), a_fds[0]) != now.end());
-    // A's io_uring_enter now reaches B's ring, which takes none of A's entries: the old
-    // engine spun there for ever, holding its lock.
+    // A's io_uring_enter now reaches B's ring, which takes none of A's entries: an engine
+    // that keeps resubmitting spins there for ever, holding its lock.
     auto w = a->write(f.fd, data, 0, "after-reuse");
     try {
         w.wait();
@@ -352,7 +367,9 @@ TEST_CASE("uring_engine whose ring descriptor was closed and now names another r
     CHECK(b->write(f.fd, data, 0, f.path).wait() == data.size());
 }
 
-TEST_CASE("uring_engine whose io_uring_wait_cqe fails still completes what the kernel finishes, and does not spin") {
+TEST_CASE(
+    "uring_engine whose io_uring_wait_cqe fails still completes what the kernel finishes, and does "
+    "not spin") {
     if (skip_without_uring()) return;
     watchdog dog("wait fails");
     scratch_file f;
@@ -360,14 +377,16 @@ TEST_CASE("uring_engine whose io_uring_wait_cqe fails still completes what the k
     io_engine_config cfg;
     cfg.queue_depth = 3;
     cfg.block_size = 4096;
-    auto pa = test::random_bytes(100, 10), pb = test::random_bytes(200, 11), data = test::random_bytes(5000, 12);
+    auto pa = test::random_bytes(100, 10), pb = test::random_bytes(200, 11),
+         data = test::random_bytes(5000, 12);
     std::vector<std::byte> ina(pa.size()), inb(pb.size());
     auto before = uring_fds();
     auto engine = std::make_unique<uring_engine>(cfg);
     auto ra = engine->read(a.fds[0], ina, 0, "pipe-a");
     auto rb = engine->read(b.fds[0], inb, 0, "pipe-b");
     REQUIRE(eventually([&] { return engine->counters().pieces == 2; }));
-    CHECK(engine->write(f.fd, data, 0, f.path).wait() == data.size());  // both reads are in the kernel now
+    CHECK(engine->write(f.fd, data, 0, f.path).wait() ==
+          data.size());  // both reads are in the kernel now
     std::this_thread::sleep_for(20ms);
     auto broken = break_rings(before);
     // Nothing submits: the completion thread learns of the break when, after the completion
@@ -375,8 +394,9 @@ TEST_CASE("uring_engine whose io_uring_wait_cqe fails still completes what the k
     a.put(pa);
     CHECK(ra.wait() == pa.size());
     CHECK(ina == pa);
-    // The old engine spun on the failing wait: a whole core when idle, a switch per yield when
-    // the machine is busy. The completion thread (the only "spw-uring" here) must sleep.
+    // An engine that retries the failing wait spins: a whole core when idle, a switch per
+    // yield when the machine is busy. The completion thread (the only "spw-uring" here) must
+    // sleep.
     const auto before_nap = activity_of("spw-uring");
     std::this_thread::sleep_for(500ms);
     const auto after_nap = activity_of("spw-uring");
@@ -393,5 +413,7 @@ TEST_CASE("uring_engine whose io_uring_wait_cqe fails still completes what the k
 }
 
 #else
-TEST_CASE("uring_engine broken-ring cases") { MESSAGE("built without liburing: broken-ring cases skipped"); }
+TEST_CASE("uring_engine broken-ring cases") {
+    MESSAGE("built without liburing: broken-ring cases skipped");
+}
 #endif

@@ -1269,22 +1269,6 @@ TEST_CASE("master params in the caller's memory: bad uses are refused up front")
     CHECK(bits_equal(params, init));
 }
 
-TEST_CASE("crc32c: known value, and the hardware and table paths agree") {
-    const char* s = "123456789";
-    CHECK(detail::crc32c(std::as_bytes(std::span(s, 9))) == 0xe3069283u);
-    CHECK(detail::crc32c_portable(std::as_bytes(std::span(s, 9))) == 0xe3069283u);
-    std::mt19937 rng(1);
-    for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 63u, 4096u, 10001u}) {
-        std::vector<std::byte> b(n);
-        for (auto& x : b) x = static_cast<std::byte>(rng());
-        CHECK(detail::crc32c(b) == detail::crc32c_portable(b));
-        // Incremental equals one-shot.
-        auto half = n / 2;
-        CHECK(detail::crc32c(std::span(b).subspan(half), detail::crc32c(std::span(b).first(half))) == detail::crc32c(b));
-    }
-    if (!detail::crc32c_hardware()) MESSAGE("no SSE4.2: only the table path was exercised");
-}
-
 TEST_CASE("the trace has one track each for reads, compute and writes") {
     trace::recorder rec;
     host_tier tier;

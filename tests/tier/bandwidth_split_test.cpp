@@ -50,7 +50,8 @@ void check_exact(std::uint64_t count, const std::vector<std::uint64_t>& bw) {
 TEST_CASE("split_by_bandwidth: the examples of the paper and simple cases") {
     CHECK(split_by_bandwidth(9, {2.0, 1.0}) == std::vector<std::size_t>{6, 3});
     CHECK(split_by_bandwidth(10, {2.0, 1.0}) == std::vector<std::size_t>{7, 3});  // 6.67 / 3.33
-    CHECK(split_by_bandwidth(10, {1.0, 1.0, 1.0}) == std::vector<std::size_t>{4, 3, 3});  // ties: lower index
+    CHECK(split_by_bandwidth(10, {1.0, 1.0, 1.0}) ==
+          std::vector<std::size_t>{4, 3, 3});  // ties: lower index
     CHECK(split_by_bandwidth(0, {5.0, 1.0}) == std::vector<std::size_t>{0, 0});
     CHECK(split_by_bandwidth(1, {1.0, 3.0}) == std::vector<std::size_t>{0, 1});
 }
@@ -104,24 +105,33 @@ TEST_CASE("split_by_bandwidth: bad input names the path and the value") {
         }
         return std::string("no exception");
     };
-    CHECK(message([] { split_by_bandwidth(3, std::span<const double>{}); }).find("no paths") != std::string::npos);
+    CHECK(message([] { split_by_bandwidth(3, std::span<const double>{}); }).find("no paths") !=
+          std::string::npos);
     CHECK(message([] { split_by_bandwidth(3, {1.0, -2.0}); }).find("path 1") != std::string::npos);
-    CHECK(message([] { split_by_bandwidth(3, {std::nan(""), 1.0}); }).find("path 0") != std::string::npos);
-    CHECK(message([] { split_by_bandwidth(3, {1.0, std::numeric_limits<double>::infinity()}); }).find("path 1") !=
-          std::string::npos);
-    CHECK(message([] { split_by_bandwidth(3, {0.0, 0.0}); }).find("bandwidth 0") != std::string::npos);
+    CHECK(message([] {
+              split_by_bandwidth(3, {std::nan(""), 1.0});
+          }).find("path 0") != std::string::npos);
+    CHECK(message([] {
+              split_by_bandwidth(3, {1.0, std::numeric_limits<double>::infinity()});
+          }).find("path 1") != std::string::npos);
+    CHECK(message([] {
+              split_by_bandwidth(3, {0.0, 0.0});
+          }).find("bandwidth 0") != std::string::npos);
     // Above 2^62 items long double's 64-bit mantissa cannot place every share within one of
-    // its ideal (17934447696040317800 over {1, 9} gave 1793444769604031781 against an exact
-    // 1793444769604031780): refused, naming the count.
-    CHECK(message([] { split_by_bandwidth(17934447696040317800ull, {1.0, 9.0}); }).find("17934447696040317800 items") !=
+    // its ideal (17934447696040317800 over {1, 9} would give 1793444769604031781 where the
+    // exact share is 1793444769604031780): refused, naming the count.
+    CHECK(message([] {
+              split_by_bandwidth(17934447696040317800ull, {1.0, 9.0});
+          }).find("17934447696040317800 items") != std::string::npos);
+    CHECK(message([] { split_by_bandwidth(spillway::max_split_count + 1, {1.0}); }).find("2^62") !=
           std::string::npos);
-    CHECK(message([] { split_by_bandwidth(spillway::max_split_count + 1, {1.0}); }).find("2^62") != std::string::npos);
 }
 
 TEST_CASE("split_by_bandwidth: exact at the largest count it takes") {
     // Integer bandwidths: the exact ideals come from 128-bit integers (a GCC/Clang extension).
     __extension__ typedef unsigned __int128 u128;
-    const std::size_t counts[] = {spillway::max_split_count, spillway::max_split_count - 1, spillway::max_split_count / 3 * 2 + 1};
+    const std::size_t counts[] = {spillway::max_split_count, spillway::max_split_count - 1,
+                                  spillway::max_split_count / 3 * 2 + 1};
     const double bws[][3] = {{1, 9, 0}, {278024, 42048, 7}, {3, 3, 3}, {1, 1e6, 12345}};
     for (std::size_t count : counts) {
         for (const auto& b : bws) {

@@ -46,7 +46,7 @@ namespace spillway::test::conformance {
 inline constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
 
 #if defined(SPILLWAY_SANITIZED)
-inline constexpr std::size_t largest_blob = 8 * MiB;  // sanitizers run 5-20x slower
+inline constexpr std::size_t largest_blob = 8 * MiB;  // sanitizers run many times slower
 inline constexpr bool sanitized = true;
 #else
 inline constexpr std::size_t largest_blob = 64 * MiB;
@@ -77,7 +77,9 @@ inline std::vector<std::byte> blob(std::size_t nbytes, std::uint64_t seed) {
 class tier_env {
 public:
     /// A fresh, empty directory on the disk ($SPILLWAY_TEST_TMPDIR, see temp_dir.hpp).
-    std::filesystem::path disk_dir() { return fresh(disk_, [] { return temp_dir("conformance"); }); }
+    std::filesystem::path disk_dir() {
+        return fresh(disk_, [] { return temp_dir("conformance"); });
+    }
     /// A fresh, empty directory on /dev/shm (tmpfs).
     std::filesystem::path shm_dir() {
         std::error_code ec;
@@ -99,29 +101,40 @@ private:
 };
 
 template <class F>
-concept buildable_from_args = requires(tier_env& env) { F::args(env); };
+concept buildable_from_args = requires(tier_env& env) {
+    F::args(env);
+};
 template <class F>
-concept has_capacity_bound = requires(tier_env& env) { F::bounded_args(env, std::size_t{1}); } ||
-                             requires(tier_env& env) { F::make_bounded(env, std::size_t{1}); };
+concept has_capacity_bound = requires(tier_env& env) {
+    F::bounded_args(env, std::size_t{1});
+}
+|| requires(tier_env& env) {
+    F::make_bounded(env, std::size_t{1});
+};
 
 template <class T, class Tuple>
 std::unique_ptr<T> make_from(Tuple&& args) {
-    return std::apply([](auto&&... a) { return std::make_unique<T>(std::forward<decltype(a)>(a)...); },
-                      std::forward<Tuple>(args));
+    return std::apply(
+        [](auto&&... a) { return std::make_unique<T>(std::forward<decltype(a)>(a)...); },
+        std::forward<Tuple>(args));
 }
 
 /// A fresh, empty tier from factory F.
 template <class F>
 std::unique_ptr<typename F::tier_type> make(tier_env& env) {
-    if constexpr (requires { F::make(env); }) return F::make(env);
-    else return make_from<typename F::tier_type>(F::args(env));
+    if constexpr (requires { F::make(env); })
+        return F::make(env);
+    else
+        return make_from<typename F::tier_type>(F::args(env));
 }
 /// A fresh, empty tier from factory F holding at most `capacity` bytes.
 template <class F>
-    requires has_capacity_bound<F>
-std::unique_ptr<typename F::tier_type> make_bounded(tier_env& env, std::size_t capacity) {
-    if constexpr (requires { F::make_bounded(env, capacity); }) return F::make_bounded(env, capacity);
-    else return make_from<typename F::tier_type>(F::bounded_args(env, capacity));
+requires has_capacity_bound<F> std::unique_ptr<typename F::tier_type> make_bounded(
+    tier_env& env, std::size_t capacity) {
+    if constexpr (requires { F::make_bounded(env, capacity); })
+        return F::make_bounded(env, capacity);
+    else
+        return make_from<typename F::tier_type>(F::bounded_args(env, capacity));
 }
 
 // ---- Base factories --------------------------------------------------------------------
@@ -142,7 +155,9 @@ struct file_disk_factory {
         o.capacity = capacity;
         return std::tuple(env.disk_dir(), std::move(o));
     }
-    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
+    static auto args(tier_env& env) {
+        return bounded_args(env, std::numeric_limits<std::size_t>::max());
+    }
 };
 
 /// file_tier<> on tmpfs (/dev/shm): kernels before 6.6 refuse O_DIRECT there, so on those
@@ -155,40 +170,43 @@ struct file_shm_factory {
         o.capacity = capacity;
         return std::tuple(env.shm_dir(), std::move(o));
     }
-    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
+    static auto args(tier_env& env) {
+        return bounded_args(env, std::numeric_limits<std::size_t>::max());
+    }
 };
 
 // ---- Decorator factories ---------------------------------------------------------------
 
 /// The throttle used in the suite: real (a bucket smaller than the largest blob, so large
 /// operations queue) but fast enough to keep the suite quick.
-inline throttle_config conformance_throttle() { return throttle_config::joint({4e9, 4 * MiB}); }
+inline throttle_config conformance_throttle() {
+    return throttle_config::joint({4e9, 4 * MiB});
+}
 
 template <class F>
-    requires buildable_from_args<F>
+requires buildable_from_args<F>
 struct throttled_of {
     using tier_type = throttled_tier<typename F::tier_type>;
     static std::string name() { return std::string("throttled(") + F::name() + ")"; }
     static auto args(tier_env& env) {
         return std::tuple_cat(std::tuple(conformance_throttle(), std::in_place), F::args(env));
     }
-    static auto bounded_args(tier_env& env, std::size_t capacity)
-        requires has_capacity_bound<F>
-    {
-        return std::tuple_cat(std::tuple(conformance_throttle(), std::in_place), F::bounded_args(env, capacity));
+    static auto bounded_args(tier_env& env, std::size_t capacity) requires has_capacity_bound<F> {
+        return std::tuple_cat(std::tuple(conformance_throttle(), std::in_place),
+                              F::bounded_args(env, capacity));
     }
 };
 
 /// A faulty_tier with no fault armed behaves exactly like its inner tier.
 template <class F>
-    requires buildable_from_args<F>
+requires buildable_from_args<F>
 struct faulty_of {
     using tier_type = faulty_tier<typename F::tier_type>;
     static std::string name() { return std::string("faulty(") + F::name() + ")"; }
-    static auto args(tier_env& env) { return std::tuple_cat(std::tuple(std::in_place), F::args(env)); }
-    static auto bounded_args(tier_env& env, std::size_t capacity)
-        requires has_capacity_bound<F>
-    {
+    static auto args(tier_env& env) {
+        return std::tuple_cat(std::tuple(std::in_place), F::args(env));
+    }
+    static auto bounded_args(tier_env& env, std::size_t capacity) requires has_capacity_bound<F> {
         return std::tuple_cat(std::tuple(std::in_place), F::bounded_args(env, capacity));
     }
 };
@@ -215,27 +233,31 @@ inline bool contains_text(std::string_view haystack, std::string_view needle) {
 }
 
 /// Checks that `o` failed with std::system_error(err) whose message holds every `part`.
-inline void check_system_error(const outcome& o, int err, std::initializer_list<std::string_view> parts) {
+inline void check_system_error(const outcome& o, int err,
+                               std::initializer_list<std::string_view> parts) {
     REQUIRE_MESSAGE(o.error, "the operation succeeded; expected errno " << err);
     try {
         std::rethrow_exception(o.error);
     } catch (const std::system_error& e) {
         INFO("message: " << e.what());
         CHECK(e.code().value() == err);
-        for (auto p : parts) CHECK_MESSAGE(contains_text(e.what(), p), "missing '" << std::string(p) << "'");
+        for (auto p : parts)
+            CHECK_MESSAGE(contains_text(e.what(), p), "missing '" << std::string(p) << "'");
     } catch (const std::exception& e) {
         FAIL("expected std::system_error(" << err << "), got another exception: " << e.what());
     }
 }
 
 /// Checks that `o` failed with std::invalid_argument whose message holds every `part`.
-inline void check_invalid_argument(const outcome& o, std::initializer_list<std::string_view> parts) {
+inline void check_invalid_argument(const outcome& o,
+                                   std::initializer_list<std::string_view> parts) {
     REQUIRE_MESSAGE(o.error, "the operation succeeded; expected std::invalid_argument");
     try {
         std::rethrow_exception(o.error);
     } catch (const std::invalid_argument& e) {
         INFO("message: " << e.what());
-        for (auto p : parts) CHECK_MESSAGE(contains_text(e.what(), p), "missing '" << std::string(p) << "'");
+        for (auto p : parts)
+            CHECK_MESSAGE(contains_text(e.what(), p), "missing '" << std::string(p) << "'");
     } catch (const std::exception& e) {
         FAIL("expected std::invalid_argument, got another exception: " << e.what());
     }

@@ -38,7 +38,8 @@ constexpr std::size_t largest = std::size_t{64} << 20;
 #endif
 
 template <class Tier>
-void round_trip(Tier& tier, const std::string& key, std::size_t n, std::size_t misalign, std::uint64_t seed) {
+void round_trip(Tier& tier, const std::string& key, std::size_t n, std::size_t misalign,
+                std::uint64_t seed) {
     CAPTURE(key);
     CAPTURE(n);
     CAPTURE(misalign);
@@ -92,11 +93,13 @@ bool no_temporary_files(const Tier& tier) {
 #define SPILLWAY_FILE_ENGINES posix_engine, io_engine
 #endif
 
-TEST_CASE_TEMPLATE("file_tier round-trips sizes from 1 byte to 64 MiB from aligned and unaligned buffers", Engine,
-                   SPILLWAY_FILE_ENGINES) {
+TEST_CASE_TEMPLATE(
+    "file_tier round-trips sizes from 1 byte to 64 MiB from aligned and unaligned buffers", Engine,
+    SPILLWAY_FILE_ENGINES) {
 #if SPILLWAY_HAS_LIBURING
     if (std::is_same_v<Engine, uring_engine> && !uring_probe().available) {
-        MESSAGE("io_uring unavailable (" << uring_probe().reason << "): uring_engine file tier skipped");
+        MESSAGE("io_uring unavailable (" << uring_probe().reason
+                                         << "): uring_engine file tier skipped");
         return;
     }
 #endif
@@ -108,12 +111,14 @@ TEST_CASE_TEMPLATE("file_tier round-trips sizes from 1 byte to 64 MiB from align
     MESSAGE("engine " << std::string(tier.engine().backend_name()) << ", O_DIRECT "
                       << std::string(tier.direct_io() ? "on" : "off: " + tier.direct_io_note()));
     std::uint64_t seed = 1;
-    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{511}, std::size_t{4095}, std::size_t{4096},
-                          std::size_t{4097}, std::size_t{12288}, (std::size_t{1} << 20) + 1})
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{511}, std::size_t{4095}, std::size_t{4096},
+          std::size_t{4097}, std::size_t{12288}, (std::size_t{1} << 20) + 1})
         for (std::size_t misalign : {std::size_t{0}, std::size_t{1}, std::size_t{512}})
-            round_trip(tier, "blob-" + std::to_string(n) + "-" + std::to_string(misalign), n, misalign, ++seed);
+            round_trip(tier, "blob-" + std::to_string(n) + "-" + std::to_string(misalign), n,
+                       misalign, ++seed);
     round_trip(tier, "largest-unaligned", largest - 3, 1, ++seed);  // bounce buffer and a tail
-    round_trip(tier, "largest", largest, 0, ++seed);                // straight from the caller's buffer
+    round_trip(tier, "largest", largest, 0, ++seed);  // straight from the caller's buffer
     // Rewriting a key with another size replaces it.
     round_trip(tier, "blob-1-0", 70'000, 3, 99);
     CHECK(no_temporary_files(tier));
@@ -123,7 +128,8 @@ TEST_CASE_TEMPLATE("file_tier round-trips sizes from 1 byte to 64 MiB from align
     CHECK(s.failed_reads + s.failed_writes == 0);
 }
 
-TEST_CASE("file_tier falls back to buffered I/O, saying why, on a file system without O_DIRECT (ramfs)") {
+TEST_CASE(
+    "file_tier falls back to buffered I/O, saying why, on a file system without O_DIRECT (ramfs)") {
     // ramfs has no O_DIRECT at all: a child mounts one in a private mount namespace. No
     // tier (so no engine thread) is alive here: the child forks from a process with one
     // thread, as ThreadSanitizer requires.
@@ -134,12 +140,15 @@ TEST_CASE("file_tier falls back to buffered I/O, saying why, on a file system wi
         if (pid == 0) {
             if (::unshare(CLONE_NEWNS) != 0) ::_exit(100);
             if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(100);
-            if (::mount("spillway-test", mnt.path().c_str(), "ramfs", 0, "mode=0700") != 0) ::_exit(100);
+            if (::mount("spillway-test", mnt.path().c_str(), "ramfs", 0, "mode=0700") != 0)
+                ::_exit(100);
             int code = 0;
             try {
                 file_tier<> t(mnt.path());
-                if (t.direct_io()) code = 1;
-                else if (t.direct_io_note().find("O_DIRECT") == std::string::npos) code = 2;
+                if (t.direct_io())
+                    code = 1;
+                else if (t.direct_io_note().find("O_DIRECT") == std::string::npos)
+                    code = 2;
                 auto data = test::random_bytes(10'001, 3);
                 std::vector<std::byte> back(data.size());
                 t.write("k", data).wait();
@@ -151,7 +160,8 @@ TEST_CASE("file_tier falls back to buffered I/O, saying why, on a file system wi
                     file_tier<> r(mnt.path(), required);
                     code = 4;
                 } catch (const std::system_error& e) {
-                    if (std::string(e.what()).find(mnt.path().string()) == std::string::npos) code = 5;
+                    if (std::string(e.what()).find(mnt.path().string()) == std::string::npos)
+                        code = 5;
                 }
             } catch (...) {
                 code = 6;
@@ -162,8 +172,10 @@ TEST_CASE("file_tier falls back to buffered I/O, saying why, on a file system wi
         int status = 0;
         REQUIRE(::waitpid(pid, &status, 0) == pid);
         REQUIRE(WIFEXITED(status));
-        if (WEXITSTATUS(status) == 100) MESSAGE("cannot mount a ramfs here (no CAP_SYS_ADMIN): fallback case skipped");
-        else CHECK(WEXITSTATUS(status) == 0);
+        if (WEXITSTATUS(status) == 100)
+            MESSAGE("cannot mount a ramfs here (no CAP_SYS_ADMIN): fallback case skipped");
+        else
+            CHECK(WEXITSTATUS(status) == 0);
     }
 }
 
@@ -188,7 +200,8 @@ TEST_CASE("file_tier uses O_DIRECT on a disk, and on tmpfs where the kernel allo
     auto shm = test::temp_dir::under("/dev/shm", "spillway-file-tier");
     file_tier<> tmpfs_tier(shm.path());
     if (tmpfs_tier.direct_io()) {
-        MESSAGE("/dev/shm accepts O_DIRECT on this kernel: the fallback path is not exercised here");
+        MESSAGE(
+            "/dev/shm accepts O_DIRECT on this kernel: the fallback path is not exercised here");
     } else {
         CHECK(tmpfs_tier.direct_io_note().find("O_DIRECT") != std::string::npos);
         CHECK(tmpfs_tier.direct_io_note().find(shm.path().string()) != std::string::npos);
@@ -202,7 +215,8 @@ TEST_CASE("file_tier uses O_DIRECT on a disk, and on tmpfs where the kernel allo
         round_trip(tmpfs_tier, "shm-" + std::to_string(n), n, 1, n);
 }
 
-TEST_CASE("file_tier refuses a missing directory and a path under a regular file, naming the path") {
+TEST_CASE(
+    "file_tier refuses a missing directory and a path under a regular file, naming the path") {
     test::temp_dir dir("file-tier-dirs");
     auto missing = dir.path() / "does-not-exist";
     try {
@@ -229,7 +243,8 @@ TEST_CASE("file_tier refuses a missing directory and a path under a regular file
     CHECK_THROWS_AS(file_tier<>(dir.path(), bad_options), std::invalid_argument);
 }
 
-TEST_CASE("a full file system (EFBIG via RLIMIT_FSIZE) fails the write and keeps the previous blob") {
+TEST_CASE(
+    "a full file system (EFBIG via RLIMIT_FSIZE) fails the write and keeps the previous blob") {
     test::temp_dir dir("file-tier-full");
     file_tier<> tier(dir.path());
     auto old = test::random_bytes(100'000, 1);
@@ -331,16 +346,19 @@ TEST_CASE("file_tier keys never leave the directory; files are 0600 and links ar
     test::temp_dir dir("file-tier-keys");
     file_tier<> tier(dir.path());
     std::vector<std::byte> one(1);
-    for (std::string bad : std::vector<std::string>{"", "a/b", "..", ".", "../escape", ".spillway.tmp.1.2",
-                                                    std::string(256, 'x')}) {
+    for (std::string bad : std::vector<std::string>{"", "a/b", "..", ".", "../escape",
+                                                    ".spillway.tmp.1.2", std::string(256, 'x')}) {
         CAPTURE(bad);
         const std::string key = "key '" + bad + "' ";  // the message names the key, quoted
-        CHECK_THROWS_WITH_AS(tier.write(bad, one), doctest::Contains(key.c_str()), std::invalid_argument);
-        CHECK_THROWS_WITH_AS(tier.read(bad, one), doctest::Contains(key.c_str()), std::invalid_argument);
-        CHECK_THROWS_WITH_AS(tier.erase(bad), doctest::Contains(key.c_str()), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(tier.write(bad, one), doctest::Contains(key.c_str()),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS(tier.read(bad, one), doctest::Contains(key.c_str()),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS(tier.erase(bad), doctest::Contains(key.c_str()),
+                             std::invalid_argument);
     }
-    CHECK_THROWS_WITH_AS(tier.erase(".spillway.tmp.1.2"), doctest::Contains("reserved prefix '.spillway.'"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(tier.erase(".spillway.tmp.1.2"),
+                         doctest::Contains("reserved prefix '.spillway.'"), std::invalid_argument);
     tier.write("..a", one).wait();  // merely starts with dots: a plain name
     CHECK(fs::exists(dir.path() / "..a"));
     struct stat st {};
@@ -381,7 +399,9 @@ TEST_CASE("file_tier capacity counts stored blobs; a rewrite counts only the dif
     CHECK(tier.used() == 6'000);
 }
 
-TEST_CASE("file_tier is persistent, serves several threads, and its destructor waits for operations in flight") {
+TEST_CASE(
+    "file_tier is persistent, serves several threads, and its destructor waits for operations in "
+    "flight") {
     test::temp_dir dir("file-tier-persist");
     constexpr int blobs = 24;
     std::vector<std::vector<std::byte>> data;
@@ -398,8 +418,8 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
     for (auto& p : pending) p.wait();
 
     // A temporary file of a process of this host that is gone (pid 2^22 + 1 is above the
-    // kernel's pid_max limit, so no process has it) is cleaned up, as is one named the way
-    // earlier versions did (no host); another host's is left alone (on a shared file system
+    // kernel's pid_max limit, so no process has it) is cleaned up, as is one whose name has
+    // no host part; another host's is left alone (on a shared file system
     // its process may be running); regular files become keys.
     const std::string ours = ".spillway.tmp.4194305.7." + detail::host_name();
     const std::string legacy = ".spillway.tmp.4194305.8";
@@ -436,7 +456,9 @@ TEST_CASE("file_tier is persistent, serves several threads, and its destructor w
     CHECK(again.stats().writes == blobs);
 }
 
-TEST_CASE("file_tier recycles the files that rewrites replace, up to spare_files, and removes them at the end") {
+TEST_CASE(
+    "file_tier recycles the files that rewrites replace, up to spare_files, and removes them at "
+    "the end") {
     test::temp_dir dir("file-tier-spares");
     {
         file_tier_options opt;
@@ -444,8 +466,9 @@ TEST_CASE("file_tier recycles the files that rewrites replace, up to spare_files
         file_tier<> tier(dir.path(), opt);
         std::uint64_t seed = 0;
         // Rewrites of growing and shrinking sizes reuse spares: every version reads back exactly.
-        for (std::size_t n : {std::size_t{100'000}, std::size_t{100'000}, std::size_t{300'001}, std::size_t{4096},
-                              std::size_t{1}, std::size_t{250'000}, std::size_t{0}, std::size_t{77'777}}) {
+        for (std::size_t n :
+             {std::size_t{100'000}, std::size_t{100'000}, std::size_t{300'001}, std::size_t{4096},
+              std::size_t{1}, std::size_t{250'000}, std::size_t{0}, std::size_t{77'777}}) {
             CAPTURE(n);
             for (const char* k : {"a", "b", "c"}) {
                 auto data = test::random_bytes(n, ++seed);
@@ -484,13 +507,16 @@ struct held_read_engine {
     io_completion read(int fd, std::span<std::byte> b, std::uint64_t off, std::string_view l = {}) {
         return inner.read(fd, b, off, l);
     }
-    io_completion write(int fd, std::span<const std::byte> b, std::uint64_t off, std::string_view l = {}) {
+    io_completion write(int fd, std::span<const std::byte> b, std::uint64_t off,
+                        std::string_view l = {}) {
         return inner.write(fd, b, off, l);
     }
     void submit(const io_request& r, io_callback cb) {
         std::lock_guard lock(mutex);
-        if (r.op == io_op::read && hold_reads) held.emplace_back(r, std::move(cb));
-        else inner.submit(r, std::move(cb));
+        if (r.op == io_op::read && hold_reads)
+            held.emplace_back(r, std::move(cb));
+        else
+            inner.submit(r, std::move(cb));
     }
     void release() {
         std::lock_guard lock(mutex);
@@ -512,7 +538,8 @@ TEST_CASE("file_tier: a read that overlaps a rewrite of its key returns the old 
     test::temp_dir dir("ft-read-rewrite");
     file_tier<held_read_engine> tier(dir.path());
     const std::size_t n = 3 * 4096 + 100;
-    const std::vector<std::byte> old_k(n, std::byte{'A'}), new_k(n, std::byte{'B'}), l(n, std::byte{'L'});
+    const std::vector<std::byte> old_k(n, std::byte{'A'}), new_k(n, std::byte{'B'}),
+        l(n, std::byte{'L'});
     tier.write("K", old_k).wait();
     auto& engine = const_cast<held_read_engine&>(tier.engine());
     engine.hold_reads = true;
@@ -534,7 +561,8 @@ TEST_CASE("file_tier: a read that overlaps a rewrite of its key returns the old 
     CHECK(back == l);
 }
 
-TEST_CASE("file_tier: of two overlapping writes of one key, the file and the size are the same write's") {
+TEST_CASE(
+    "file_tier: of two overlapping writes of one key, the file and the size are the same write's") {
     test::temp_dir dir("ft-same-key");
     file_tier_options o;
     o.direct_io = direct_io_mode::off;

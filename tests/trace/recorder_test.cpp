@@ -28,8 +28,8 @@ struct json_value {
     double num = 0;
     std::string str;
     std::vector<json_value> items;
-    std::vector<std::string> keys;     // object members: keys[i] -> values[i]
-    std::vector<json_value> values;    // (a pair would need the complete type)
+    std::vector<std::string> keys;   // object members: keys[i] -> values[i]
+    std::vector<json_value> values;  // (a pair would need the complete type)
     const json_value* get(const std::string& k) const {
         for (std::size_t i = 0; i < keys.size(); ++i)
             if (keys[i] == k) return &values[i];
@@ -45,7 +45,9 @@ struct json_parser {
     }
     void expect(char c) {
         ws();
-        if (i >= s.size() || s[i] != c) throw std::runtime_error("json: expected " + std::string(1, c) + " at " + std::to_string(i));
+        if (i >= s.size() || s[i] != c)
+            throw std::runtime_error("json: expected " + std::string(1, c) + " at " +
+                                     std::to_string(i));
         ++i;
     }
     std::string parse_string() {
@@ -55,20 +57,42 @@ struct json_parser {
             if (i >= s.size()) throw std::runtime_error("json: unterminated string");
             char c = s[i++];
             if (c == '"') break;
-            if (static_cast<unsigned char>(c) < 0x20) throw std::runtime_error("json: control character in string");
+            if (static_cast<unsigned char>(c) < 0x20)
+                throw std::runtime_error("json: control character in string");
             if (c == '\\') {
                 char e = s[i++];
                 switch (e) {
-                    case '"': out += '"'; break;
-                    case '\\': out += '\\'; break;
-                    case '/': out += '/'; break;
-                    case 'n': out += '\n'; break;
-                    case 't': out += '\t'; break;
-                    case 'r': out += '\r'; break;
-                    case 'b': out += '\b'; break;
-                    case 'f': out += '\f'; break;
-                    case 'u': out += static_cast<char>(std::stoi(std::string(s.substr(i, 4)), nullptr, 16)); i += 4; break;
-                    default: throw std::runtime_error("json: bad escape");
+                    case '"':
+                        out += '"';
+                        break;
+                    case '\\':
+                        out += '\\';
+                        break;
+                    case '/':
+                        out += '/';
+                        break;
+                    case 'n':
+                        out += '\n';
+                        break;
+                    case 't':
+                        out += '\t';
+                        break;
+                    case 'r':
+                        out += '\r';
+                        break;
+                    case 'b':
+                        out += '\b';
+                        break;
+                    case 'f':
+                        out += '\f';
+                        break;
+                    case 'u':
+                        out +=
+                            static_cast<char>(std::stoi(std::string(s.substr(i, 4)), nullptr, 16));
+                        i += 4;
+                        break;
+                    default:
+                        throw std::runtime_error("json: bad escape");
                 }
             } else {
                 out += c;
@@ -85,14 +109,20 @@ struct json_parser {
             v.kind = json_value::object;
             ++i;
             ws();
-            if (s[i] == '}') { ++i; return v; }
+            if (s[i] == '}') {
+                ++i;
+                return v;
+            }
             while (true) {
                 std::string k = parse_string();
                 expect(':');
                 v.keys.push_back(k);
                 v.values.push_back(parse());
                 ws();
-                if (s[i] == ',') { ++i; continue; }
+                if (s[i] == ',') {
+                    ++i;
+                    continue;
+                }
                 expect('}');
                 return v;
             }
@@ -101,11 +131,17 @@ struct json_parser {
             v.kind = json_value::array;
             ++i;
             ws();
-            if (s[i] == ']') { ++i; return v; }
+            if (s[i] == ']') {
+                ++i;
+                return v;
+            }
             while (true) {
                 v.items.push_back(parse());
                 ws();
-                if (s[i] == ',') { ++i; continue; }
+                if (s[i] == ',') {
+                    ++i;
+                    continue;
+                }
                 expect(']');
                 return v;
             }
@@ -116,8 +152,11 @@ struct json_parser {
             return v;
         }
         std::size_t start = i;
-        while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '-' || s[i] == '.' || s[i] == 'e' || s[i] == 'E' || s[i] == '+')) ++i;
-        if (i == start) throw std::runtime_error("json: unexpected character at " + std::to_string(i));
+        while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '-' ||
+                                s[i] == '.' || s[i] == 'e' || s[i] == 'E' || s[i] == '+'))
+            ++i;
+        if (i == start)
+            throw std::runtime_error("json: unexpected character at " + std::to_string(i));
         v.kind = json_value::number;
         v.num = std::stod(std::string(s.substr(start, i - start)));
         return v;
@@ -130,7 +169,9 @@ struct json_parser {
     }
 };
 
-json_value parse_json(const std::string& text) { return json_parser{text}.parse_document(); }
+json_value parse_json(const std::string& text) {
+    return json_parser{text}.parse_document();
+}
 
 }  // namespace
 
@@ -154,8 +195,10 @@ TEST_CASE("events on named tracks export as Chrome trace JSON") {
     std::string process_name;
     for (auto& e : evs->items) {
         std::string ph = e.get("ph")->str;
-        if (ph == "M" && e.get("name")->str == "thread_name") thread_names[e.get("tid")->num] = e.get("args")->get("name")->str;
-        if (ph == "M" && e.get("name")->str == "process_name") process_name = e.get("args")->get("name")->str;
+        if (ph == "M" && e.get("name")->str == "thread_name")
+            thread_names[e.get("tid")->num] = e.get("args")->get("name")->str;
+        if (ph == "M" && e.get("name")->str == "process_name")
+            process_name = e.get("args")->get("name")->str;
         if (ph == "X") complete.push_back(&e);
     }
     CHECK(process_name == "unit \"test\"");
@@ -186,7 +229,8 @@ TEST_CASE("overlapping events on one track are split into properly nested lanes"
     std::map<double, std::string> lane_name;
     for (auto& e : doc.get("traceEvents")->items) {
         if (e.get("ph")->str == "X") tid[e.get("name")->str] = e.get("tid")->num;
-        if (e.get("ph")->str == "M" && e.get("name")->str == "thread_name") lane_name[e.get("tid")->num] = e.get("args")->get("name")->str;
+        if (e.get("ph")->str == "M" && e.get("name")->str == "thread_name")
+            lane_name[e.get("tid")->num] = e.get("args")->get("name")->str;
     }
     CHECK(tid["a"] == tid["c"]);
     CHECK(tid["a"] == tid["d"]);
@@ -257,7 +301,7 @@ TEST_CASE("the recorder is thread-safe") {
 namespace {
 /// The file save() wrote: mode 0600, and the recorder's JSON exactly.
 void check_saved(const std::filesystem::path& path, const tr::recorder& rec) {
-    struct stat st{};
+    struct stat st {};
     REQUIRE(::stat(path.c_str(), &st) == 0);
     CHECK((st.st_mode & 0777) == 0600);
     std::ifstream in(path);
@@ -290,7 +334,8 @@ TEST_CASE("save writes a 0600 file and names the path on failure") {
     }
 }
 
-TEST_CASE("names that are not UTF-8 are written as U+FFFD, so the file stays JSON; valid UTF-8 passes") {
+TEST_CASE(
+    "names that are not UTF-8 are written as U+FFFD, so the file stays JSON; valid UTF-8 passes") {
     tr::recorder rec;
     auto t = rec.track("compute");
     auto now = tr::clock::now();
@@ -300,22 +345,28 @@ TEST_CASE("names that are not UTF-8 are written as U+FFFD, so the file stays JSO
     rec.complete(t, std::string("surrogate \xed\xa0\x80 overlong \xc0\xaf"), now, now + 5us);
     rec.complete(t, "caf\xc3\xa9 \xe2\x82\xac", now, now + 5us);
     const std::string text = rec.json();
-    for (const char* bad : {"\xff", "\xfe", "\xed\xa0", "\xc0\xaf"}) CHECK(text.find(bad) == std::string::npos);
+    for (const char* bad : {"\xff", "\xfe", "\xed\xa0", "\xc0\xaf"})
+        CHECK(text.find(bad) == std::string::npos);
     CHECK(text.find("bad \\ufffd\\ufffd tail \\ufffd\"") != std::string::npos);
-    CHECK(text.find("surrogate \\ufffd\\ufffd\\ufffd overlong \\ufffd\\ufffd") != std::string::npos);
+    CHECK(text.find("surrogate \\ufffd\\ufffd\\ufffd overlong \\ufffd\\ufffd") !=
+          std::string::npos);
     CHECK(text.find("caf\xc3\xa9 \xe2\x82\xac") != std::string::npos);
     CHECK_NOTHROW(json_parser{text}.parse_document());
 }
 
-TEST_CASE("saves from several threads at once each write a whole file, 0600 even beside an old temporary file") {
+TEST_CASE(
+    "saves from several threads at once each write a whole file, 0600 even beside an old temporary "
+    "file") {
     spillway::test::temp_dir dir("trace");
     tr::recorder rec;
     add_one_span(rec);
     auto path = dir.path() / "trace.json";
-    // A temporary file of the old naming scheme, world-readable, left by someone: not reused.
+    // A world-readable temporary file named "<path>.tmp-<pid>" (no counter), left by someone:
+    // not reused.
     std::ofstream(path.string() + ".tmp-" + std::to_string(::getpid())) << "old";
-    std::filesystem::permissions(path.string() + ".tmp-" + std::to_string(::getpid()),
-                                 std::filesystem::perms::owner_all | std::filesystem::perms::others_read);
+    std::filesystem::permissions(
+        path.string() + ".tmp-" + std::to_string(::getpid()),
+        std::filesystem::perms::owner_all | std::filesystem::perms::others_read);
     std::atomic<int> failures{0};
     std::vector<std::thread> savers;
     for (int k = 0; k < 4; ++k)

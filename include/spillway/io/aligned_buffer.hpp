@@ -12,14 +12,13 @@
 /// huge_page_bytes) start on a 2 MiB boundary and are madvise(MADV_HUGEPAGE)d before they
 /// are touched, so the kernel backs them with transparent huge pages where it can: O_DIRECT
 /// requests from them need one physically contiguous segment per 2 MiB instead of one per
-/// scattered 4 KiB page, which on virtual disks (virtio) moved 1 MiB pieces at queue depth
-/// 32 up to 2.5x faster. The advice is a hint: where THP is off it is ignored, and
-/// huge_page_advice() says whether the kernel accepted it.
+/// scattered 4 KiB page, and virtual disks (virtio) pay per segment. The advice is a hint:
+/// where THP is off it is ignored, and huge_page_advice() says whether the kernel accepted it.
 /// Such buffers are mapped on their own (mmap) and madvise(MADV_DONTFORK)d: a child created
 /// with fork() does not inherit them. Otherwise the parent's pages would be shared
 /// copy-on-write with the child, and the parent's next write into them (a read from disk
-/// landing there) would split each huge page into base pages: a forking trainer's I/O
-/// buffers fell from 3 GiB of huge pages to 80 MiB within one update. A forked child must
+/// landing there) would split each huge page into base pages, so a trainer that forks would
+/// lose its I/O buffers' huge pages within one update. A forked child must
 /// not touch its parent's large buffers (open(2) warns against O_DIRECT buffers shared over
 /// fork() anyway); destroying them there is harmless. fork_inherited() says which applies.
 #pragma once
@@ -49,7 +48,8 @@ inline constexpr std::size_t default_alignment = 4096;
 
 /// Rounds nbytes up to a multiple of `alignment` (a power of two; any other value gives a
 /// meaningless result, unchecked because this runs on hot paths).
-constexpr std::size_t align_up(std::size_t nbytes, std::size_t alignment = default_alignment) noexcept {
+constexpr std::size_t align_up(std::size_t nbytes,
+                               std::size_t alignment = default_alignment) noexcept {
     return (nbytes + alignment - 1) & ~(alignment - 1);
 }
 /// True when `value` (a byte offset or size) is a multiple of `alignment` (a power of two).
@@ -92,7 +92,8 @@ namespace detail {
 /// own and not inherited over fork() (MADV_DONTFORK): over-maps by one block, then unmaps the
 /// unaligned ends. Throws std::bad_alloc when mmap fails.
 inline std::byte* map_aligned(std::size_t len, std::size_t block) {
-    void* p = ::mmap(nullptr, len + block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p =
+        ::mmap(nullptr, len + block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     const auto start = reinterpret_cast<std::uintptr_t>(p);
     const auto aligned = (start + block - 1) & ~(std::uintptr_t{block} - 1);
@@ -130,13 +131,16 @@ public:
     /// @throws std::system_error from mlock() (ENOMEM, EPERM), naming the padded size and the
     ///         remedy (raise RLIMIT_MEMLOCK or use memory_lock::unlocked); nothing is leaked
     explicit aligned_buffer(std::size_t nbytes, memory_lock lock = memory_lock::unlocked,
-                            std::size_t alignment = default_alignment, buffer_fill fill = buffer_fill::zeroed,
+                            std::size_t alignment = default_alignment,
+                            buffer_fill fill = buffer_fill::zeroed,
                             page_size pages = page_size::automatic)
         : size_(nbytes), alignment_(alignment) {
-        expect_argument(alignment != 0 && (alignment & (alignment - 1)) == 0,
-                        "aligned_buffer: alignment " + std::to_string(alignment) + " is not a power of two");
+        expect_argument(
+            alignment != 0 && (alignment & (alignment - 1)) == 0,
+            "aligned_buffer: alignment " + std::to_string(alignment) + " is not a power of two");
         // (A size no memory holds: rounding it up would wrap around to a small capacity.)
-        if (nbytes > std::numeric_limits<std::size_t>::max() / 2 || alignment > std::numeric_limits<std::size_t>::max() / 2)
+        if (nbytes > std::numeric_limits<std::size_t>::max() / 2 ||
+            alignment > std::numeric_limits<std::size_t>::max() / 2)
             throw std::bad_alloc();
         capacity_ = align_up(nbytes == 0 ? 1 : nbytes, alignment);
         // Huge pages: allocate whole 2 MiB pages on a 2 MiB boundary (the tail past capacity_
@@ -150,24 +154,32 @@ public:
             data_ = static_cast<std::byte*>(std::aligned_alloc(alignment, capacity_));
             if (!data_) throw std::bad_alloc();
         }
-        if (fill == buffer_fill::zeroed) std::memset(data_, 0, capacity_);
-        else if (capacity_ > size_) std::memset(data_ + size_, 0, capacity_ - size_);  // the padding stays zero
+        if (fill == buffer_fill::zeroed)
+            std::memset(data_, 0, capacity_);
+        else if (capacity_ > size_)
+            std::memset(data_ + size_, 0, capacity_ - size_);  // the padding stays zero
         if (lock == memory_lock::locked) {
             if (::mlock(data_, capacity_) != 0) {
                 int err = errno;
                 release();
-                throw_system_error(err, "mlock", "aligned_buffer of " + bytes_str(capacity_) +
-                                                     " (raise RLIMIT_MEMLOCK or use memory_lock::unlocked)");
+                throw_system_error(err, "mlock",
+                                   "aligned_buffer of " + bytes_str(capacity_) +
+                                       " (raise RLIMIT_MEMLOCK or use memory_lock::unlocked)");
             }
             locked_ = true;
         }
     }
     /// Takes over `o`'s memory (and its lock); `o` becomes empty.
     aligned_buffer(aligned_buffer&& o) noexcept
-        : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
-          capacity_(std::exchange(o.capacity_, 0)), alignment_(o.alignment_), mapped_(std::exchange(o.mapped_, 0)),
-          locked_(std::exchange(o.locked_, false)), huge_advice_(std::exchange(o.huge_advice_, false)),
-          owner_(std::move(o.owner_)), give_back_(std::exchange(o.give_back_, nullptr)) {}
+        : data_(std::exchange(o.data_, nullptr)),
+          size_(std::exchange(o.size_, 0)),
+          capacity_(std::exchange(o.capacity_, 0)),
+          alignment_(o.alignment_),
+          mapped_(std::exchange(o.mapped_, 0)),
+          locked_(std::exchange(o.locked_, false)),
+          huge_advice_(std::exchange(o.huge_advice_, false)),
+          owner_(std::move(o.owner_)),
+          give_back_(std::exchange(o.give_back_, nullptr)) {}
     /// Frees this buffer's memory (munlock()ing it first), then takes over `o`'s; `o` becomes
     /// empty.
     aligned_buffer& operator=(aligned_buffer&& o) noexcept {
@@ -232,7 +244,11 @@ private:
     // A piece of a buffer_arena's slab: `give_back` returns it to `owner` on release.
     aligned_buffer(std::byte* data, std::size_t size, std::size_t capacity, bool huge_advice,
                    std::shared_ptr<void> owner, give_back_fn give_back) noexcept
-        : data_(data), size_(size), capacity_(capacity), huge_advice_(huge_advice), owner_(std::move(owner)),
+        : data_(data),
+          size_(size),
+          capacity_(capacity),
+          huge_advice_(huge_advice),
+          owner_(std::move(owner)),
           give_back_(give_back) {}
     // Maps `len` bytes (a multiple of `block`) on a `block` boundary (detail::map_aligned).
     void map_huge(std::size_t len, std::size_t block) {
@@ -242,9 +258,12 @@ private:
     void release() noexcept {
         if (data_) {
             if (locked_) ::munlock(data_, capacity_);
-            if (give_back_) give_back_(owner_.get(), data_, capacity_);
-            else if (mapped_) ::munmap(data_, mapped_);
-            else std::free(data_);
+            if (give_back_)
+                give_back_(owner_.get(), data_, capacity_);
+            else if (mapped_)
+                ::munmap(data_, mapped_);
+            else
+                std::free(data_);
             owner_.reset();
             give_back_ = nullptr;
             data_ = nullptr;
@@ -259,7 +278,7 @@ private:
     std::size_t mapped_ = 0;  // bytes mapped by map_huge (0: from aligned_alloc)
     bool locked_ = false;
     bool huge_advice_ = false;
-    std::shared_ptr<void> owner_;      // a buffer_arena's shared state (null otherwise)
+    std::shared_ptr<void> owner_;       // a buffer_arena's shared state (null otherwise)
     give_back_fn give_back_ = nullptr;  // returns data_ to owner_ (null: freed or unmapped here)
 };
 

@@ -6,9 +6,8 @@
 /// buffer comes from malloc on scattered 4 KiB pages, and a virtual disk (virtio) pays per
 /// segment. Giving each small buffer a 2 MiB page of its own would waste most of it. An arena
 /// maps 2 MiB-aligned slabs with the huge-page advice and hands out pieces of them, so many
-/// small buffers share a few huge pages. (mini-GPT's activation stash moves tensors of
-/// 0.5-1.5 MiB: on the development machine's virtual disk its offloaded step went from 69-71
-/// to 63 ms this way, against 54-57 ms in memory.)
+/// small buffers share a few huge pages. (An activation stash moves many tensors of about a
+/// megabyte, each too small for a huge page of its own.)
 ///
 /// Guarantees:
 /// 1. allocate(n) returns an aligned_buffer like aligned_buffer(n): size() n, capacity() n
@@ -104,9 +103,11 @@ public:
         try {
             pos = s.free.emplace(p, capacity).first;
         } catch (...) {
-            return;  // no memory to record the piece: it is not reused, and the slab still goes with its last piece
+            return;  // no memory to record the piece: it is not reused, and the slab still goes
+                     // with its last piece
         }
-        if (auto next = std::next(pos); next != s.free.end() && pos->first + pos->second == next->first) {
+        if (auto next = std::next(pos);
+            next != s.free.end() && pos->first + pos->second == next->first) {
             pos->second += next->second;
             s.free.erase(next);
         }
@@ -139,7 +140,7 @@ public:
 private:
     struct slab {
         std::size_t size = 0;
-        std::size_t live = 0;                     // capacities of the pieces in use
+        std::size_t live = 0;                    // capacities of the pieces in use
         std::map<std::byte*, std::size_t> free;  // free pieces: start -> length
         bool huge_advice = false;
     };
@@ -174,20 +175,25 @@ class buffer_arena {
 public:
     /// @param slab_bytes bytes per slab (rounded up to a multiple of 2 MiB; default 2 MiB)
     explicit buffer_arena(std::size_t slab_bytes = huge_page_bytes)
-        : state_(std::make_shared<detail::arena_state>(align_up(slab_bytes == 0 ? 1 : slab_bytes, huge_page_bytes))) {}
+        : state_(std::make_shared<detail::arena_state>(
+              align_up(slab_bytes == 0 ? 1 : slab_bytes, huge_page_bytes))) {}
 
     /// A buffer of `nbytes` from the arena (guarantee 1).
     /// @throws std::bad_alloc when a slab cannot be mapped
-    [[nodiscard]] aligned_buffer allocate(std::size_t nbytes, buffer_fill fill = buffer_fill::zeroed) {
+    [[nodiscard]] aligned_buffer allocate(std::size_t nbytes,
+                                          buffer_fill fill = buffer_fill::zeroed) {
         // (A size no memory holds: rounding it up to slabs would wrap around.)
         if (nbytes > std::numeric_limits<std::size_t>::max() / 2) throw std::bad_alloc();
         const std::size_t capacity = align_up(nbytes == 0 ? 1 : nbytes);
         auto [p, advised] = state_->take(capacity);
-        aligned_buffer b(p, nbytes, capacity, advised, state_, [](void* owner, std::byte* q, std::size_t cap) noexcept {
-            static_cast<detail::arena_state*>(owner)->give_back(q, cap);
-        });
-        if (fill == buffer_fill::zeroed) std::memset(p, 0, capacity);
-        else if (capacity > nbytes) std::memset(p + nbytes, 0, capacity - nbytes);
+        aligned_buffer b(p, nbytes, capacity, advised, state_,
+                         [](void* owner, std::byte* q, std::size_t cap) noexcept {
+                             static_cast<detail::arena_state*>(owner)->give_back(q, cap);
+                         });
+        if (fill == buffer_fill::zeroed)
+            std::memset(p, 0, capacity);
+        else if (capacity > nbytes)
+            std::memset(p + nbytes, 0, capacity - nbytes);
         return b;
     }
 

@@ -149,7 +149,7 @@
 #include "spillway/io/completion.hpp"
 #include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/adam.hpp"
-#include "spillway/optim/detail/pipeline_checkpoint.hpp"
+#include "spillway/io/durable_file.hpp"
 #include "spillway/optim/detail/pipeline_io.hpp"
 #include "spillway/optim/half.hpp"
 #include "spillway/schedule/alternating_order.hpp"
@@ -581,18 +581,18 @@ public:
                     std::memcpy(out.data() + params.size(), bytes.data(), bytes.size());
                     bytes = out;
                 }
-                auto crc = detail::crc32c(bytes);
-                detail::write_file(tmp / file_name(s), bytes, "update_pipeline::save of subgroup " + std::to_string(s));
+                auto crc = crc32c(bytes);
+                write_file(tmp / file_name(s), bytes, "update_pipeline::save of subgroup " + std::to_string(s));
                 manifest << "subgroup " << s << " " << bytes.size() << " " << crc << "\n";
             }
-            const std::uint32_t manifest_crc = detail::crc32c(std::as_bytes(std::span(manifest.view())));
+            const std::uint32_t manifest_crc = crc32c(std::as_bytes(std::span(manifest.view())));
             manifest << "manifest_crc " << manifest_crc << "\nend\n";
             std::string text = manifest.str();
-            detail::write_file(tmp / "manifest.txt", std::as_bytes(std::span(text.data(), text.size())),
+            write_file(tmp / "manifest.txt", std::as_bytes(std::span(text.data(), text.size())),
                                "update_pipeline::save manifest");
             owned.disown();  // from here on this call removes tmp itself on failure
-            detail::sync_directory(tmp);
-            detail::replace_directory(tmp, dir);
+            sync_directory(tmp);
+            replace_directory(tmp, dir);
         } catch (...) {
             fs::remove_all(tmp, ec);
             throw;
@@ -852,7 +852,7 @@ private:
             std::uint64_t want = 0;
             const bool found = at != std::string::npos &&
                                std::sscanf(text.c_str() + at + 1, "manifest_crc %" SCNu64, &want) == 1;
-            if (!found || want != detail::crc32c(std::as_bytes(std::span(text.data(), at + 1))))
+            if (!found || want != crc32c(std::as_bytes(std::span(text.data(), at + 1))))
                 throw std::runtime_error("update_pipeline::restore: " + (dir / "manifest.txt").string() +
                                          " is corrupted: its text does not match its checksum (manifest_crc)");
         }
@@ -905,12 +905,12 @@ private:
         aligned_buffer whole;
         auto read_checked = [&](std::size_t s, std::span<std::byte> bytes) {
             auto path = dir / file_name(s);
-            std::size_t got = detail::read_file(path, bytes, "update_pipeline::restore of subgroup " + std::to_string(s));
+            std::size_t got = read_file(path, bytes, "update_pipeline::restore of subgroup " + std::to_string(s));
             if (got != bytes.size())
                 throw std::runtime_error("update_pipeline::restore: subgroup " + std::to_string(s) + " is truncated: " +
                                          path.string() + " has " + bytes_str(got) + ", the manifest says " +
                                          bytes_str(bytes.size()));
-            if (detail::crc32c(bytes) != crcs[s])
+            if (crc32c(bytes) != crcs[s])
                 throw std::runtime_error("update_pipeline::restore: subgroup " + std::to_string(s) +
                                          " is corrupted: the CRC-32C of " + path.string() +
                                          " does not match the manifest");

@@ -143,7 +143,8 @@ inline std::atomic<std::uint64_t>& file_tier_counter() noexcept {
 inline const std::string& host_name() {
     static const std::string name = [] {
         char buf[256] = {};
-        if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return std::string("unknown-host");
+        if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0')
+            return std::string("unknown-host");
         std::string n(buf);
         for (char& c : n)
             if (c == '/') c = '_';
@@ -156,18 +157,20 @@ inline const std::string& host_name() {
 /// processes may have the same id.
 inline std::string file_tier_temp_name(std::string_view prefix, std::string_view kind) {
     return std::string(prefix) + std::string(kind) + std::to_string(::getpid()) + "." +
-           std::to_string(file_tier_counter().fetch_add(1, std::memory_order_relaxed)) + "." + host_name();
+           std::to_string(file_tier_counter().fetch_add(1, std::memory_order_relaxed)) + "." +
+           host_name();
 }
 }  // namespace detail
 
 /// A storage_tier in a directory, one file per key, moved by `Engine` (io_engine picks
 /// io_uring or POSIX at run time); see the guarantees at the top of this header.
 template <class Engine = io_engine>
-    requires io_engine_model<Engine>
+requires io_engine_model<Engine>
 class file_tier {
 public:
     /// Persistent, direct I/O capable, host accessible.
-    static constexpr tier_properties properties{.persistent = true, .direct_io = true, .host_accessible = true};
+    static constexpr tier_properties properties{
+        .persistent = true, .direct_io = true, .host_accessible = true};
     /// The prefix of the tier's own files (temporary, probe and spare files); no key may
     /// start with it.
     static constexpr std::string_view reserved_prefix = ".spillway.";
@@ -178,11 +181,15 @@ public:
     /// missing, not a directory, or not writable, or when O_DIRECT is required and refused;
     /// std::invalid_argument for bad engine settings.
     explicit file_tier(std::filesystem::path directory, file_tier_options options = {})
-        : dir_(std::move(directory)), capacity_(options.capacity), name_(std::move(options.name)),
+        : dir_(std::move(directory)),
+          capacity_(options.capacity),
+          name_(std::move(options.name)),
           max_spares_(options.spare_files) {
         options.engine.validate();
         int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0) throw_system_error(errno, "open", name_ + ": directory " + spillway::quoted(dir_.string()));
+        if (fd < 0)
+            throw_system_error(errno, "open",
+                               name_ + ": directory " + spillway::quoted(dir_.string()));
         dirfd_ = detail::unique_fd(fd);
         probe(options.direct_io);
         scan();
@@ -217,10 +224,11 @@ public:
                 auto it = index_.find(op->key);
                 std::size_t old = it == index_.end() ? 0 : it->second;
                 if (n > old && used_ + reserved_ + (n - old) > capacity_)
-                    throw std::system_error(ENOSPC, std::generic_category(),
-                                            describe("write", key, n) + " exceeds the capacity of " +
-                                                bytes_str(capacity_) + " (" + bytes_str(used_) + " used, " +
-                                                bytes_str(reserved_) + " reserved by writes in flight)");
+                    throw std::system_error(
+                        ENOSPC, std::generic_category(),
+                        describe("write", key, n) + " exceeds the capacity of " +
+                            bytes_str(capacity_) + " (" + bytes_str(used_) + " used, " +
+                            bytes_str(reserved_) + " reserved by writes in flight)");
                 reserved_ += n;
                 ++pending_;
                 op->reserved = true;
@@ -230,12 +238,14 @@ public:
             const std::size_t tail = n - body;
             const std::byte* src = bytes.data();
             if (body > 0 && direct_ && !is_aligned(src, block)) {
-                op->bounce = aligned_buffer(body, memory_lock::unlocked, block, buffer_fill::uninitialized);
+                op->bounce =
+                    aligned_buffer(body, memory_lock::unlocked, block, buffer_fill::uninitialized);
                 std::memcpy(op->bounce.data(), src, body);
                 src = op->bounce.data();
             }
             if (tail > 0 && direct_) {
-                int tfd = ::openat(dirfd_.get(), op->tmp.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+                int tfd =
+                    ::openat(dirfd_.get(), op->tmp.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
                 if (tfd < 0) throw_system_error(errno, "openat", op->label);
                 op->tail_fd = detail::unique_fd(tfd);
             }
@@ -246,14 +256,19 @@ public:
                 finish_write(op, nullptr);
                 return handle;
             }
-            auto on_done = [this, op](std::size_t, std::exception_ptr err) { part_done_write(op, std::move(err)); };
+            auto on_done = [this, op](std::size_t, std::exception_ptr err) {
+                part_done_write(op, std::move(err));
+            };
             // Read the descriptors now: once the last part is in, the op may finish and close them.
             const int body_fd = op->fd.get();
             const int tail_fd = direct_ ? op->tail_fd.get() : body_fd;
             if (body > 0)
-                engine_->submit({io_op::write, body_fd, const_cast<std::byte*>(src), body, 0, op->label}, on_done);
+                engine_->submit(
+                    {io_op::write, body_fd, const_cast<std::byte*>(src), body, 0, op->label},
+                    on_done);
             if (tail > 0)
-                engine_->submit({io_op::write, tail_fd, const_cast<std::byte*>(bytes.data() + body), tail, body, op->label},
+                engine_->submit({io_op::write, tail_fd, const_cast<std::byte*>(bytes.data() + body),
+                                 tail, body, op->label},
                                 on_done);
             return handle;
         } catch (...) {
@@ -294,15 +309,19 @@ public:
                     throw std::system_error(ENOENT, std::generic_category(),
                                             describe("read", key, n) + ": no such key");
                 if (it->second != n)
-                    throw std::invalid_argument(describe("read", key, n) + " into a buffer of " + bytes_str(n) +
-                                                ", but the blob has " + bytes_str(it->second));
-                int fd = ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
+                    throw std::invalid_argument(describe("read", key, n) + " into a buffer of " +
+                                                bytes_str(n) + ", but the blob has " +
+                                                bytes_str(it->second));
+                int fd = ::openat(dirfd_.get(), op->key.c_str(),
+                                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
                 if (fd < 0) {
                     int err = errno;
                     if (err == ENOENT) {
                         used_ -= it->second;
                         index_.erase(it);
-                        throw_system_error(err, "openat", op->label + " (the file was deleted behind the tier's back)");
+                        throw_system_error(
+                            err, "openat",
+                            op->label + " (the file was deleted behind the tier's back)");
                     }
                     throw_system_error(err, "openat", op->label);
                 }
@@ -311,11 +330,13 @@ public:
                 if (::fstat(fd, &st) != 0) throw_system_error(errno, "fstat", op->label);
                 if (static_cast<std::uint64_t>(st.st_size) != n)
                     throw std::system_error(EIO, std::generic_category(),
-                                            op->label + ": the file has " + bytes_str(static_cast<std::size_t>(st.st_size)) +
+                                            op->label + ": the file has " +
+                                                bytes_str(static_cast<std::size_t>(st.st_size)) +
                                                 " but the tier stored " + bytes_str(n) +
                                                 " (truncated or changed behind the tier's back)");
                 if (direct_ && n % block != 0) {
-                    int tfd = ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+                    int tfd =
+                        ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
                     if (tfd < 0) throw_system_error(errno, "openat", op->label);
                     op->tail_fd = detail::unique_fd(tfd);
                 }
@@ -327,7 +348,8 @@ public:
             const std::size_t tail = n - body;
             std::byte* dst = bytes.data();
             if (body > 0 && direct_ && !is_aligned(dst, block)) {
-                op->bounce = aligned_buffer(body, memory_lock::unlocked, block, buffer_fill::uninitialized);
+                op->bounce =
+                    aligned_buffer(body, memory_lock::unlocked, block, buffer_fill::uninitialized);
                 dst = op->bounce.data();
             }
             completion_source source = op->source;
@@ -338,11 +360,15 @@ public:
                 finish_read(op, nullptr);
                 return handle;
             }
-            auto on_done = [this, op](std::size_t, std::exception_ptr err) { part_done_read(op, std::move(err)); };
+            auto on_done = [this, op](std::size_t, std::exception_ptr err) {
+                part_done_read(op, std::move(err));
+            };
             const int body_fd = op->fd.get();
             const int tail_fd = direct_ ? op->tail_fd.get() : body_fd;
             if (body > 0) engine_->submit({io_op::read, body_fd, dst, body, 0, op->label}, on_done);
-            if (tail > 0) engine_->submit({io_op::read, tail_fd, bytes.data() + body, tail, body, op->label}, on_done);
+            if (tail > 0)
+                engine_->submit({io_op::read, tail_fd, bytes.data() + body, tail, body, op->label},
+                                on_done);
             return handle;
         } catch (...) {
             auto err = std::current_exception();
@@ -366,7 +392,8 @@ public:
         std::lock_guard lock(mutex_);
         auto it = index_.find(k);
         if (::unlinkat(dirfd_.get(), k.c_str(), 0) != 0 && errno != ENOENT)
-            throw_system_error(errno, "unlinkat", describe("erase", key, it == index_.end() ? 0 : it->second));
+            throw_system_error(errno, "unlinkat",
+                               describe("erase", key, it == index_.end() ? 0 : it->second));
         if (it == index_.end()) return false;
         used_ -= it->second;
         index_.erase(it);
@@ -410,7 +437,9 @@ public:
         return spares_.size();
     }
     /// The path of the file that holds `key`.
-    [[nodiscard]] std::filesystem::path path_of(std::string_view key) const { return dir_ / std::string(key); }
+    [[nodiscard]] std::filesystem::path path_of(std::string_view key) const {
+        return dir_ / std::string(key);
+    }
 
 private:
     struct op_base {
@@ -435,15 +464,16 @@ private:
     };
 
     std::string describe(std::string_view what, std::string_view key, std::size_t n) const {
-        return name_ + ": " + std::string(what) + " of key " + spillway::quoted(key) + " (" + bytes_str(n) + ") at " +
-               (dir_ / std::string(key)).string();
+        return name_ + ": " + std::string(what) + " of key " + spillway::quoted(key) + " (" +
+               bytes_str(n) + ") at " + (dir_ / std::string(key)).string();
     }
 
     void check_key(std::string_view key) const {
         validate_key(key);
         if (key.substr(0, reserved_prefix.size()) == reserved_prefix)
-            throw std::invalid_argument(name_ + ": key " + spillway::quoted(key) + " starts with the reserved prefix " +
-                                        spillway::quoted(reserved_prefix) + " (used for the tier's temporary files)");
+            throw std::invalid_argument(
+                name_ + ": key " + spillway::quoted(key) + " starts with the reserved prefix " +
+                spillway::quoted(reserved_prefix) + " (used for the tier's temporary files)");
     }
 
     // Step 2 of the write protocol: a recycled spare file, resized, or a new file, allocated.
@@ -468,12 +498,15 @@ private:
         if (reuse) {
             op.tmp = std::move(reuse->name);
             op.created = true;  // from here on a failure unlinks it
-            op.label = describe("write", key, n) + " (temporary file " + (dir_ / op.tmp).string() + ")";
-            int fd = ::openat(dirfd_.get(), op.tmp.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
+            op.label =
+                describe("write", key, n) + " (temporary file " + (dir_ / op.tmp).string() + ")";
+            int fd = ::openat(dirfd_.get(), op.tmp.c_str(),
+                              O_WRONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
             if (fd < 0) throw_system_error(errno, "openat", op.label);
             op.fd = detail::unique_fd(fd);
             if (reuse->size > n) {
-                if (::ftruncate(fd, static_cast<off_t>(n)) != 0) throw_system_error(errno, "ftruncate", op.label);
+                if (::ftruncate(fd, static_cast<off_t>(n)) != 0)
+                    throw_system_error(errno, "ftruncate", op.label);
             } else if (reuse->size < n) {
                 if (::fallocate(fd, 0, 0, static_cast<off_t>(n)) != 0 && errno != EOPNOTSUPP)
                     throw_system_error(errno, "fallocate", op.label);
@@ -498,18 +531,24 @@ private:
     // writes of one key the file installed last is also the size indexed last, and a read
     // sees the file and its size of the same write.
     void install(write_op& op) {
-        std::string unlink_after;  // unlinked outside the lock (can take milliseconds)
+        std::string
+            unlink_after;  // unlinked outside the lock (freeing a large file's blocks is slow)
         {
             std::lock_guard lock(mutex_);
             const bool had_file = index_.contains(op.key) && max_spares_ > 0;
-            if (had_file &&
-                ::renameat2(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str(), RENAME_EXCHANGE) == 0) {
+            if (had_file && ::renameat2(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str(),
+                                        RENAME_EXCHANGE) == 0) {
                 struct stat st {};
-                bool keep = ::fstatat(dirfd_.get(), op.tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                            S_ISREG(st.st_mode) && !readers_.contains(op.key) && spares_.size() < max_spares_;
-                if (keep) spares_.push_back({op.tmp, static_cast<std::size_t>(st.st_size)});
-                else unlink_after = op.tmp;
-            } else if (::renameat(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str()) != 0) {
+                bool keep =
+                    ::fstatat(dirfd_.get(), op.tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                    S_ISREG(st.st_mode) && !readers_.contains(op.key) &&
+                    spares_.size() < max_spares_;
+                if (keep)
+                    spares_.push_back({op.tmp, static_cast<std::size_t>(st.st_size)});
+                else
+                    unlink_after = op.tmp;
+            } else if (::renameat(dirfd_.get(), op.tmp.c_str(), dirfd_.get(), op.key.c_str()) !=
+                       0) {
                 // (No file under the key, or the file system cannot exchange: a plain rename.)
                 throw_system_error(errno, "renameat", op.label);
             }
@@ -575,12 +614,15 @@ private:
     void finish_read(const std::shared_ptr<read_op>& op, std::exception_ptr err) noexcept {
         op->fd.reset();
         op->tail_fd.reset();
-        if (!err && op->bounce.data() && op->body > 0) std::memcpy(op->dest, op->bounce.data(), op->body);
+        if (!err && op->bounce.data() && op->body > 0)
+            std::memcpy(op->dest, op->bounce.data(), op->body);
         op->bounce = aligned_buffer();
         stats_.end(io_direction::read, op->nbytes, !err);
         completion_source source = op->source;
-        if (err) source.fail(err);
-        else source.succeed(op->nbytes);
+        if (err)
+            source.fail(err);
+        else
+            source.succeed(op->nbytes);
         std::lock_guard lock(mutex_);
         drop_reader(op->key);
         if (--pending_ == 0) idle_cv_.notify_all();
@@ -595,9 +637,12 @@ private:
     // Proves the directory writable and decides on O_DIRECT.
     void probe(direct_io_mode mode) {
         std::string probe_name = detail::file_tier_temp_name(reserved_prefix, "probe.");
-        int fd = ::openat(dirfd_.get(), probe_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int fd = ::openat(dirfd_.get(), probe_name.c_str(),
+                          O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
-            throw_system_error(errno, "openat", name_ + ": directory " + spillway::quoted(dir_.string()) + " is not writable");
+            throw_system_error(
+                errno, "openat",
+                name_ + ": directory " + spillway::quoted(dir_.string()) + " is not writable");
         ::close(fd);
         struct unlink_probe {
             int dirfd;
@@ -636,7 +681,7 @@ private:
     // left by a process of this host that no longer exists (a crash mid-write, or spares never
     // cleaned up). Another host's files are left alone: its process ids mean nothing here, and
     // its tier may be running (a directory on a shared file system). Names without a host
-    // (written before hosts were named) follow the process id alone.
+    // part are judged by the process id alone.
     void remove_if_orphaned(std::string_view n) {
         for (std::string_view kind : {std::string_view("tmp."), std::string_view("probe.")}) {
             std::string_view rest = n.substr(reserved_prefix.size());
@@ -644,9 +689,10 @@ private:
             rest.remove_prefix(kind.size());
             const auto pid_end = rest.find('.');
             long pid = std::strtol(std::string(rest.substr(0, pid_end)).c_str(), nullptr, 10);
-            const auto counter_end = pid_end == std::string_view::npos ? pid_end : rest.find('.', pid_end + 1);
-            const bool this_host =
-                counter_end == std::string_view::npos || rest.substr(counter_end + 1) == detail::host_name();
+            const auto counter_end =
+                pid_end == std::string_view::npos ? pid_end : rest.find('.', pid_end + 1);
+            const bool this_host = counter_end == std::string_view::npos ||
+                                   rest.substr(counter_end + 1) == detail::host_name();
             if (this_host && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
                 ::unlinkat(dirfd_.get(), std::string(n).c_str(), 0);
         }
@@ -655,12 +701,15 @@ private:
     // Rebuilds the index from the regular files in the directory.
     void scan() {
         int fd = ::openat(dirfd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0) throw_system_error(errno, "openat", name_ + ": directory " + spillway::quoted(dir_.string()));
+        if (fd < 0)
+            throw_system_error(errno, "openat",
+                               name_ + ": directory " + spillway::quoted(dir_.string()));
         DIR* d = ::fdopendir(fd);
         if (!d) {
             int err = errno;
             ::close(fd);
-            throw_system_error(err, "fdopendir", name_ + ": directory " + spillway::quoted(dir_.string()));
+            throw_system_error(err, "fdopendir",
+                               name_ + ": directory " + spillway::quoted(dir_.string()));
         }
         while (dirent* e = ::readdir(d)) {
             std::string_view n(e->d_name);
@@ -670,7 +719,9 @@ private:
                 continue;
             }
             struct stat st {};
-            if (::fstatat(dirfd_.get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+            if (::fstatat(dirfd_.get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+                !S_ISREG(st.st_mode))
+                continue;
             index_.emplace(std::string(n), static_cast<std::size_t>(st.st_size));
             used_ += static_cast<std::size_t>(st.st_size);
         }

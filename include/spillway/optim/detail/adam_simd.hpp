@@ -17,25 +17,24 @@
 // GCC 12's AVX-512 intrinsics self-initialise an undefined vector (`__Y = __Y`), which
 // -Wmaybe-uninitialized reports at every use once inlined; the values are never read.
 #if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic push
-#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#  pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 namespace spillway::detail {
 
 // ---- Software prefetch ---------------------------------------------------------------------
-// The step's loads are its four streams (p, m, v, g); the hardware prefetcher alone kept it at
-// 0.89-0.90 of a stream of the same bytes on an Intel Xeon (two threads, 2^26 params: the
-// square root and division in each iteration hold up the loads behind them), and prefetching
-// each stream 2 KiB of fp32 ahead brought it to 0.97-0.99 (the same stream with the same
-// prefetch did not get faster: it was at the memory's limit already). Elements, not bytes.
+// The step's loads are its four streams (p, m, v, g). The square root and division in each
+// iteration hold up the loads behind them, which the hardware prefetcher alone does not hide;
+// prefetching each stream 2 KiB of fp32 ahead hides that latency behind the loads and brings
+// the step close to the speed of a plain stream of the same bytes. Elements, not bytes.
 inline constexpr std::size_t adamw_prefetch_ahead = 512;
 
 // Prefetches element i + adamw_prefetch_ahead of each stream when it lies inside [0, n)
 // (a pointer past the arrays is never formed).
 template <class Grad>
-inline void prefetch_streams(const float* p, const float* m, const float* v, const Grad* g, std::size_t i,
-                             std::size_t n) noexcept {
+inline void prefetch_streams(const float* p, const float* m, const float* v, const Grad* g,
+                             std::size_t i, std::size_t n) noexcept {
     if (i + adamw_prefetch_ahead >= n) return;
     const std::size_t j = i + adamw_prefetch_ahead;
     _mm_prefetch(reinterpret_cast<const char*>(p + j), _MM_HINT_T0);
@@ -44,29 +43,34 @@ inline void prefetch_streams(const float* p, const float* m, const float* v, con
     _mm_prefetch(reinterpret_cast<const char*>(g + j), _MM_HINT_T0);
 }
 
-// The overflow scan reads one stream, the gradients, and ran at 0.72-0.75 of the step's
-// bound (the step at 0.97, the scan pass's share of the bytes 1/8) on an Intel Xeon with two
-// threads; fetching each 64-byte line 1 KiB ahead took it to 0.77-0.78 (2 KiB: 0.76-0.77).
-// Bytes, not elements: the scan reads the gradients as raw bits, whatever their type.
+// The overflow scan reads one stream, the gradients; fetching each 64-byte line 1 KiB ahead
+// keeps more of its loads in flight than the hardware prefetcher does (a longer distance
+// gains nothing more). Bytes, not elements: the scan reads the gradients as raw bits,
+// whatever their type.
 inline constexpr std::size_t scan_prefetch_ahead = 1024;
 
 // Prefetches the line at byte offset `at` + scan_prefetch_ahead when it lies inside [0, nbytes).
 inline void prefetch_scan(const char* bytes, std::size_t at, std::size_t nbytes) noexcept {
-    if (at + scan_prefetch_ahead < nbytes) _mm_prefetch(bytes + at + scan_prefetch_ahead, _MM_HINT_T0);
+    if (at + scan_prefetch_ahead < nbytes)
+        _mm_prefetch(bytes + at + scan_prefetch_ahead, _MM_HINT_T0);
 }
 
 // ---- AVX-512 -------------------------------------------------------------------------------
 struct adamw_coefficients512 {
-    __m512 grad_mul, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, neg_step_size;
+    __m512 grad_mul, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps,
+        neg_step_size;
 };
-SPILLWAY_TARGET_AVX512 inline adamw_coefficients512 broadcast512(const adamw_coefficients& c) noexcept {
-    return {_mm512_set1_ps(c.grad_mul),        _mm512_set1_ps(c.decay), _mm512_set1_ps(c.beta1),
-            _mm512_set1_ps(c.one_minus_beta1), _mm512_set1_ps(c.beta2), _mm512_set1_ps(c.one_minus_beta2),
-            _mm512_set1_ps(c.inv_sqrt_bias2),  _mm512_set1_ps(c.eps),   _mm512_set1_ps(c.neg_step_size)};
+SPILLWAY_TARGET_AVX512 inline adamw_coefficients512 broadcast512(
+    const adamw_coefficients& c) noexcept {
+    return {_mm512_set1_ps(c.grad_mul),       _mm512_set1_ps(c.decay),
+            _mm512_set1_ps(c.beta1),          _mm512_set1_ps(c.one_minus_beta1),
+            _mm512_set1_ps(c.beta2),          _mm512_set1_ps(c.one_minus_beta2),
+            _mm512_set1_ps(c.inv_sqrt_bias2), _mm512_set1_ps(c.eps),
+            _mm512_set1_ps(c.neg_step_size)};
 }
 // adamw_update (adam_formula.hpp), 16 lanes, the same operations in the same order.
-SPILLWAY_TARGET_AVX512 inline void update16(const adamw_coefficients512& k, __m512& p, __m512& m, __m512& v,
-                                            __m512 g) noexcept {
+SPILLWAY_TARGET_AVX512 inline void update16(const adamw_coefficients512& k, __m512& p, __m512& m,
+                                            __m512& v, __m512 g) noexcept {
     g = _mm512_mul_ps(g, k.grad_mul);
     __m512 pd = _mm512_mul_ps(p, k.decay);
     m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
@@ -76,13 +80,14 @@ SPILLWAY_TARGET_AVX512 inline void update16(const adamw_coefficients512& k, __m5
 }
 
 template <class Grad, class Copy>
-SPILLWAY_TARGET_AVX512 void adamw_avx512(const adamw_coefficients& c, float* p, float* m, float* v, const Grad* g,
-                                         Copy* out, std::size_t n) noexcept {
+SPILLWAY_TARGET_AVX512 void adamw_avx512(const adamw_coefficients& c, float* p, float* m, float* v,
+                                         const Grad* g, Copy* out, std::size_t n) noexcept {
     const adamw_coefficients512 k = broadcast512(c);
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         prefetch_streams(p, m, v, g, i, n);
-        __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
+        __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i),
+               vv = _mm512_loadu_ps(v + i);
         update16(k, pv, mv, vv, load16(g + i));
         _mm512_storeu_ps(p + i, pv);
         _mm512_storeu_ps(m + i, mv);
@@ -119,7 +124,8 @@ SPILLWAY_TARGET_AVX512 bool any_nonfinite_avx512(const Grad* g, std::size_t n) n
         a0 = _mm512_max_epu32(a0, a1);
         for (; i < nbytes; i += 64) {
             __mmask16 t = tail_mask16(std::min<std::size_t>(16, (nbytes - i) / 4));
-            a0 = _mm512_max_epu32(a0, _mm512_and_si512(_mm512_maskz_loadu_epi32(t, bytes + i), abs));
+            a0 =
+                _mm512_max_epu32(a0, _mm512_and_si512(_mm512_maskz_loadu_epi32(t, bytes + i), abs));
         }
         return _mm512_cmpge_epu32_mask(a0, _mm512_set1_epi32(0x7f800000)) != 0;
     } else {
@@ -135,7 +141,8 @@ SPILLWAY_TARGET_AVX512 bool any_nonfinite_avx512(const Grad* g, std::size_t n) n
         for (; i < nbytes; i += 64) {
             std::size_t left = std::min<std::size_t>(32, (nbytes - i) / 2);
             auto t = static_cast<__mmask32>(left == 32 ? 0xffffffffu : (1u << left) - 1u);
-            a0 = _mm512_max_epu16(a0, _mm512_and_si512(_mm512_maskz_loadu_epi16(t, bytes + i), abs));
+            a0 =
+                _mm512_max_epu16(a0, _mm512_and_si512(_mm512_maskz_loadu_epi16(t, bytes + i), abs));
         }
         const short inf = std::is_same_v<Grad, float16> ? 0x7c00 : 0x7f80;
         return _mm512_cmpge_epu16_mask(a0, _mm512_set1_epi16(inf)) != 0;
@@ -143,13 +150,15 @@ SPILLWAY_TARGET_AVX512 bool any_nonfinite_avx512(const Grad* g, std::size_t n) n
 }
 
 template <class Grad>
-SPILLWAY_TARGET_AVX512 void sum_squares_avx512(const Grad* g, std::size_t n, double* lanes) noexcept {
+SPILLWAY_TARGET_AVX512 void sum_squares_avx512(const Grad* g, std::size_t n,
+                                               double* lanes) noexcept {
     __m512d a0 = _mm512_loadu_pd(lanes), a1 = _mm512_loadu_pd(lanes + 8);
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 x = load16(g + i);
         __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+        __m512d hi =
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
         a0 = _mm512_add_pd(a0, _mm512_mul_pd(lo, lo));
         a1 = _mm512_add_pd(a1, _mm512_mul_pd(hi, hi));
     }
@@ -160,15 +169,19 @@ SPILLWAY_TARGET_AVX512 void sum_squares_avx512(const Grad* g, std::size_t n, dou
 
 // ---- AVX2 + FMA + F16C ---------------------------------------------------------------------
 struct adamw_coefficients256 {
-    __m256 grad_mul, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps, neg_step_size;
+    __m256 grad_mul, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bias2, eps,
+        neg_step_size;
 };
-SPILLWAY_TARGET_AVX2 inline adamw_coefficients256 broadcast256(const adamw_coefficients& c) noexcept {
-    return {_mm256_set1_ps(c.grad_mul),        _mm256_set1_ps(c.decay), _mm256_set1_ps(c.beta1),
-            _mm256_set1_ps(c.one_minus_beta1), _mm256_set1_ps(c.beta2), _mm256_set1_ps(c.one_minus_beta2),
-            _mm256_set1_ps(c.inv_sqrt_bias2),  _mm256_set1_ps(c.eps),   _mm256_set1_ps(c.neg_step_size)};
+SPILLWAY_TARGET_AVX2 inline adamw_coefficients256 broadcast256(
+    const adamw_coefficients& c) noexcept {
+    return {_mm256_set1_ps(c.grad_mul),       _mm256_set1_ps(c.decay),
+            _mm256_set1_ps(c.beta1),          _mm256_set1_ps(c.one_minus_beta1),
+            _mm256_set1_ps(c.beta2),          _mm256_set1_ps(c.one_minus_beta2),
+            _mm256_set1_ps(c.inv_sqrt_bias2), _mm256_set1_ps(c.eps),
+            _mm256_set1_ps(c.neg_step_size)};
 }
-SPILLWAY_TARGET_AVX2 inline void update8(const adamw_coefficients256& k, __m256& p, __m256& m, __m256& v,
-                                         __m256 g) noexcept {
+SPILLWAY_TARGET_AVX2 inline void update8(const adamw_coefficients256& k, __m256& p, __m256& m,
+                                         __m256& v, __m256 g) noexcept {
     g = _mm256_mul_ps(g, k.grad_mul);
     __m256 pd = _mm256_mul_ps(p, k.decay);
     m = _mm256_fmadd_ps(k.beta1, m, _mm256_mul_ps(k.one_minus_beta1, g));
@@ -178,13 +191,15 @@ SPILLWAY_TARGET_AVX2 inline void update8(const adamw_coefficients256& k, __m256&
 }
 
 template <class Grad, class Copy>
-SPILLWAY_TARGET_AVX2 void adamw_avx2(const adamw_coefficients& c, float* p, float* m, float* v, const Grad* g,
-                                     Copy* out, std::size_t n) noexcept {
+SPILLWAY_TARGET_AVX2 void adamw_avx2(const adamw_coefficients& c, float* p, float* m, float* v,
+                                     const Grad* g, Copy* out, std::size_t n) noexcept {
     const adamw_coefficients256 k = broadcast256(c);
     std::size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        if (i % 16 == 0) prefetch_streams(p, m, v, g, i, n);  // one 64-byte line of fp32 per two vectors
-        __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
+        if (i % 16 == 0)
+            prefetch_streams(p, m, v, g, i, n);  // one 64-byte line of fp32 per two vectors
+        __m256 pv = _mm256_loadu_ps(p + i), mv = _mm256_loadu_ps(m + i),
+               vv = _mm256_loadu_ps(v + i);
         update8(k, pv, mv, vv, load8(g + i));
         _mm256_storeu_ps(p + i, pv);
         _mm256_storeu_ps(m + i, mv);
@@ -226,8 +241,12 @@ SPILLWAY_TARGET_AVX2 bool any_nonfinite_avx2(const Grad* g, std::size_t n) noexc
         __m256i a0 = _mm256_setzero_si256(), a1 = a0;
         for (; i + 64 <= nbytes; i += 64) {
             prefetch_scan(bytes, i, nbytes);
-            a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i)), abs));
-            a1 = _mm256_max_epu32(a1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i + 32)), abs));
+            a0 = _mm256_max_epu32(
+                a0, _mm256_and_si256(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i)), abs));
+            a1 = _mm256_max_epu32(
+                a1, _mm256_and_si256(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i + 32)), abs));
         }
         a0 = _mm256_max_epu32(a0, a1);
         // a >= inf <=> max(a, inf) == a
@@ -238,8 +257,12 @@ SPILLWAY_TARGET_AVX2 bool any_nonfinite_avx2(const Grad* g, std::size_t n) noexc
         __m256i a0 = _mm256_setzero_si256(), a1 = a0;
         for (; i + 64 <= nbytes; i += 64) {
             prefetch_scan(bytes, i, nbytes);
-            a0 = _mm256_max_epu16(a0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i)), abs));
-            a1 = _mm256_max_epu16(a1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i + 32)), abs));
+            a0 = _mm256_max_epu16(
+                a0, _mm256_and_si256(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i)), abs));
+            a1 = _mm256_max_epu16(
+                a1, _mm256_and_si256(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + i + 32)), abs));
         }
         a0 = _mm256_max_epu16(a0, a1);
         const __m256i inf = _mm256_set1_epi16(std::is_same_v<Grad, float16> ? 0x7c00 : 0x7f80);
@@ -256,8 +279,10 @@ SPILLWAY_TARGET_AVX2 void sum_squares_avx2(const Grad* g, std::size_t n, double*
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 x = load8(g + i), y = load8(g + i + 8);
-        __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-        __m256d y0 = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), y1 = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+        __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+        __m256d y0 = _mm256_cvtps_pd(_mm256_castps256_ps128(y)),
+                y1 = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
         a0 = _mm256_add_pd(a0, _mm256_mul_pd(x0, x0));
         a1 = _mm256_add_pd(a1, _mm256_mul_pd(x1, x1));
         a2 = _mm256_add_pd(a2, _mm256_mul_pd(y0, y0));
@@ -272,6 +297,6 @@ SPILLWAY_TARGET_AVX2 void sum_squares_avx2(const Grad* g, std::size_t n, double*
 
 }  // namespace spillway::detail
 #if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic pop
+#pragma GCC diagnostic pop
 #endif
 #endif  // SPILLWAY_X86_SIMD

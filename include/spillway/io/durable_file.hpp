@@ -1,6 +1,6 @@
-// spillway/optim/detail/pipeline_checkpoint.hpp: the file-level pieces of the update
-// pipeline's save and restore: CRC-32C, whole-file reads and writes with clear errors, and
-// the directory swap that keeps the previous good save until the new one is complete.
+// spillway/io/durable_file.hpp: whole files written and read so that a crash or a bad file
+// never passes unnoticed: CRC-32C, create-write-fsync, exact reads with clear errors, and the
+// directory swap that keeps the previous good save until the new one is complete.
 //
 // Guarantees:
 // - crc32c() is the Castagnoli CRC (iSCSI polynomial, reflected, init and final xor
@@ -8,6 +8,8 @@
 //   CPU has it and a table otherwise; both give the same value.
 // - write_file() creates a new file (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), writes every
 //   byte and fsyncs it; errors are std::system_error naming the call, the path and the size.
+// - read_file() reads exactly the bytes asked for, or reports the file's real size.
+// - sync_directory() makes renames inside a directory durable.
 // - replace_directory(tmp, dir) makes `tmp` appear at `dir` atomically (rename, or
 //   renameat2(RENAME_EXCHANGE) when `dir` already exists, then the old contents are
 //   removed): a crash at any point leaves either the old or the new directory at `dir`.
@@ -37,7 +39,9 @@
 
 #include "spillway/error.hpp"
 
-namespace spillway::detail {
+namespace spillway {
+
+namespace detail {
 
 inline const std::array<std::uint32_t, 256>& crc32c_table() {
     static const std::array<std::uint32_t, 256> table = [] {
@@ -52,14 +56,16 @@ inline const std::array<std::uint32_t, 256>& crc32c_table() {
     return table;
 }
 
-inline std::uint32_t crc32c_table_update(std::uint32_t crc, const unsigned char* p, std::size_t n) noexcept {
+inline std::uint32_t crc32c_table_update(std::uint32_t crc, const unsigned char* p,
+                                         std::size_t n) noexcept {
     const auto& t = crc32c_table();
     for (std::size_t i = 0; i < n; ++i) crc = t[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
     return crc;
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_hw_update(std::uint32_t crc, const unsigned char* p,
+__attribute__((target("sse4.2"))) inline std::uint32_t crc32c_hw_update(std::uint32_t crc,
+                                                                        const unsigned char* p,
                                                                         std::size_t n) noexcept {
     std::uint64_t c = crc;
     while (n >= 8) {
@@ -74,6 +80,8 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_hw_update(std::uin
     return c32;
 }
 #endif
+
+}  // namespace detail
 
 /// Whether crc32c() uses the CPU's instruction.
 inline bool crc32c_hardware() noexcept {
@@ -90,18 +98,21 @@ inline std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc 
     auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
     std::uint32_t c = ~crc;
 #if defined(__x86_64__)
-    if (crc32c_hardware()) return ~crc32c_hw_update(c, p, bytes.size());
+    if (crc32c_hardware()) return ~detail::crc32c_hw_update(c, p, bytes.size());
 #endif
-    return ~crc32c_table_update(c, p, bytes.size());
+    return ~detail::crc32c_table_update(c, p, bytes.size());
 }
 
 /// The portable path, exposed so tests can prove both paths agree.
-inline std::uint32_t crc32c_portable(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
-    return ~crc32c_table_update(~crc, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+inline std::uint32_t crc32c_portable(std::span<const std::byte> bytes,
+                                     std::uint32_t crc = 0) noexcept {
+    return ~detail::crc32c_table_update(~crc, reinterpret_cast<const unsigned char*>(bytes.data()),
+                                        bytes.size());
 }
 
 /// Creates `path` (mode 0600, must not exist), writes `bytes`, fsyncs, closes.
-inline void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes, std::string_view what) {
+inline void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes,
+                       std::string_view what) {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) throw_system_error(errno, "open", std::string(what) + ": " + path.string());
     std::size_t done = 0;
@@ -111,7 +122,9 @@ inline void write_file(const std::filesystem::path& path, std::span<const std::b
             if (errno == EINTR) continue;
             int err = errno;
             ::close(fd);
-            throw_system_error(err, "write", std::string(what) + ": " + path.string() + " (" + bytes_str(bytes.size()) + ")");
+            throw_system_error(
+                err, "write",
+                std::string(what) + ": " + path.string() + " (" + bytes_str(bytes.size()) + ")");
         }
         done += static_cast<std::size_t>(n);
     }
@@ -120,12 +133,14 @@ inline void write_file(const std::filesystem::path& path, std::span<const std::b
         ::close(fd);
         throw_system_error(err, "fsync", std::string(what) + ": " + path.string());
     }
-    if (::close(fd) != 0) throw_system_error(errno, "close", std::string(what) + ": " + path.string());
+    if (::close(fd) != 0)
+        throw_system_error(errno, "close", std::string(what) + ": " + path.string());
 }
 
 /// Reads exactly out.size() bytes of `path` (O_NOFOLLOW). Returns the file's size; when it
 /// differs from out.size() nothing is read and the caller reports the mismatch.
-inline std::size_t read_file(const std::filesystem::path& path, std::span<std::byte> out, std::string_view what) {
+inline std::size_t read_file(const std::filesystem::path& path, std::span<std::byte> out,
+                             std::string_view what) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) throw_system_error(errno, "open", std::string(what) + ": " + path.string());
     struct stat st {};
@@ -146,7 +161,9 @@ inline std::size_t read_file(const std::filesystem::path& path, std::span<std::b
             if (errno == EINTR) continue;
             int err = errno;
             ::close(fd);
-            throw_system_error(err, "read", std::string(what) + ": " + path.string() + " (" + bytes_str(out.size()) + ")");
+            throw_system_error(
+                err, "read",
+                std::string(what) + ": " + path.string() + " (" + bytes_str(out.size()) + ")");
         }
         if (n == 0) break;  // shrank behind our back
         done += static_cast<std::size_t>(n);
@@ -172,7 +189,8 @@ inline void replace_directory(const std::filesystem::path& tmp, const std::files
     const auto parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
     bool exists = fs::exists(fs::symlink_status(dir, ec));
     if (!exists) {
-        if (::rename(tmp.c_str(), dir.c_str()) != 0) throw_system_error(errno, "rename", tmp.string() + " -> " + dir.string());
+        if (::rename(tmp.c_str(), dir.c_str()) != 0)
+            throw_system_error(errno, "rename", tmp.string() + " -> " + dir.string());
         sync_directory(parent);
         return;
     }
@@ -182,7 +200,8 @@ inline void replace_directory(const std::filesystem::path& tmp, const std::files
     } else {
         int err = errno;
         if (err != EINVAL && err != ENOSYS && err != ENOTSUP)
-            throw_system_error(err, "renameat2(RENAME_EXCHANGE)", tmp.string() + " <-> " + dir.string());
+            throw_system_error(err, "renameat2(RENAME_EXCHANGE)",
+                               tmp.string() + " <-> " + dir.string());
         previous = dir.string() + ".old-" + std::to_string(::getpid());
         if (::rename(dir.c_str(), previous.c_str()) != 0)
             throw_system_error(errno, "rename", dir.string() + " -> " + previous.string());
@@ -196,4 +215,4 @@ inline void replace_directory(const std::filesystem::path& tmp, const std::files
     fs::remove_all(previous, ec);
 }
 
-}  // namespace spillway::detail
+}  // namespace spillway
