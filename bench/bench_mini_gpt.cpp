@@ -11,7 +11,7 @@
 //    step rows; path_bandwidth/shm: the same on /dev/shm (a file tier in memory), the path of
 //    the gpt2_124M_shm row. Counters write_bytes_per_s, read_bytes_per_s.
 //  - step/<config>/<offload>/ranks:<P>: one training run, the mini_gpt binary with --json in a
-//    process of its own as a user runs it (a run inside this process was slower, by varying
+//    process of its own as a user runs it (a run inside this process is slower, by varying
 //    amounts); the row's time is the median over two-step cycles after the first step (the
 //    first allocates and, with the stash, profiles) of each cycle's mean step time: the
 //    offloaded optimizer's ascending updates run under the next step's forward, so steps
@@ -289,9 +289,9 @@ mini_gpt::gpt2_config model_config(const mini_gpt::options& o) {
 
 /// Runs `o` as its user would, a process of its own: the mini_gpt binary with --json, on
 /// `ranks` MPI ranks under mpirun (one thread each) or alone (bench_threads() threads), and
-/// reads rank 0's JSON lines into the run and *rep. A run inside this process was slower
-/// than the same flags from the command line, and by varying amounts (124M `all`: 1.50-1.98x
-/// against 1.20x), so every row runs the command a user types. Throws std::runtime_error
+/// reads rank 0's JSON lines into the run and *rep. A run inside this process is slower than
+/// the same flags from the command line, and by varying amounts, so every row runs the
+/// command a user types. Throws std::runtime_error
 /// naming the command when it fails.
 series_run run_once(mini_gpt::options o, int ranks, mini_gpt::run_report* rep) {
     std::string cmd;

@@ -31,7 +31,7 @@
 //                      the budget streaming, so its reads run up to the whole budget ahead
 //                      (more than DeepSpeed's swapper does); every row's counter
 //                      speedup_vs_read_ahead is against it, per round like `speedup`
-// Noise: the disk is shared (the same call took 3.8 s in one round and 20 s in another), so
+// Noise: the disk is shared and its speed swings from call to call, so
 // every row is built first (its state initialised on its own files), the disk settles after
 // those writes (see the phase), and then the rows are
 // called in rounds: one warm-up round (the first call reads every subgroup), then
@@ -121,10 +121,9 @@ long env_long(const char* name, long fallback) {
 /// buffers on streaming (read, update, write); smaller subgroups leave more of the budget to
 /// the resident set (29 of 88 subgroups for one process, 2 x 13 for two, against 13 and
 /// 2 x 5 of 44 with 96 MiB), while 48 MiB (three 16 MiB pieces) still keeps a path busy.
-/// SPILLWAY_UPDATE_PHASE_CALLS sets the timed calls per row (default 9: in four runs the
-/// first two or three rounds after the rows were built had slow calls (in the two-path rows,
-/// single transfers that stalled for 1-2 s), whichever row they hit; nine rounds keep the
-/// median on the rest).
+/// SPILLWAY_UPDATE_PHASE_CALLS sets the timed calls per row (default 9: the first rounds after
+/// the rows were built can have slow calls, single transfers that stall, whichever row they
+/// hit; nine rounds keep the median on the rest).
 shape the_shape() {
     if (bench::smoke()) return {16384, 12, 6, 1};
     const long subgroup = std::max(4096L, env_long("SPILLWAY_UPDATE_PHASE_SUBGROUP", 1L << 22));
@@ -262,8 +261,8 @@ unsigned queue_depth() { return static_cast<unsigned>(std::clamp(env_long("SPILL
 /// (fio_pages), so the floor and the rows see the disk through the same memory. With base
 /// pages on both sides fio's scattered pages cap it at a third of the disk (see
 /// bench/support/fio.hpp) while the pipeline's, allocated in one piece, are less scattered:
-/// the baseline then ran at 1.4-1.8x its fio floor, and a shm throttle at "half the disk"
-/// from such fio was a sixth of the disk the rows saw.
+/// the rows would then beat their fio floor, and a shm throttle at "half the disk" from such
+/// fio would be far less than half of the disk the rows see.
 page_size buffer_pages() {
     const char* v = std::getenv("SPILLWAY_UPDATE_PHASE_PAGES");
     return v && std::string(v) == "base" ? page_size::base : page_size::automatic;
@@ -833,12 +832,11 @@ results& the_results() {
             // Row 5 forks its worker processes: build it first, before this process allocates
             // the other rows' pipeline buffers. Memory allocated before a fork() is shared
             // copy-on-write with the children, and the first write to a shared huge page (a
-            // read from the disk into a buffer) splits it into base pages: the buffers of the
-            // rows built before row 5 fell from 3 GiB of huge pages to 80 MiB within a round
-            // (and O_DIRECT from base pages is far slower on this disk, see buffer_pages).
-            // aligned_buffer now keeps its large buffers out of fork() children
-            // (MADV_DONTFORK), which fixes that at the source; the order stays so that the
-            // children do not inherit the other rows' tiers and threads either.
+            // read from the disk into a buffer) splits it into base pages (and O_DIRECT from
+            // base pages is far slower on this disk, see buffer_pages). aligned_buffer keeps
+            // its large buffers out of fork() children (MADV_DONTFORK) for that reason; the
+            // order stays so that the children do not inherit the other rows' tiers and
+            // threads either.
             std::vector<std::unique_ptr<runner>> rows(ids.size());
             for (std::size_t pass = 0; pass < 2; ++pass)
                 for (std::size_t i = 0; i < ids.size(); ++i)
@@ -852,9 +850,8 @@ results& the_results() {
             //   4. fio measures the disk again; the call's floor uses the mean of 1 and 4.
             auto mark = [&] { return bench::smoke() ? bw : measure_disk(p.disk, sh, 3); };
             // Before round 0 the disk settles: building the rows writes their whole state (GBs
-            // at once), and this virtual disk then runs at a fraction of its speed for a while
-            // (fio right after laying out an 8 GiB file: 0.98 GB/s, then 1.93 and 2.17; the
-            // calls right after building a row were the slow ones). Wait 2 s and measure, until
+            // at once), and this virtual disk then runs at a fraction of its speed for a while,
+            // which would slow the first calls. Wait 2 s and measure, until
             // fio reaches 0.85 of the run's first measurement (taken before any write), at most
             // 8 times.
             for (int k = 0; k < 8 && !bench::smoke(); ++k) {
@@ -954,10 +951,9 @@ results& the_results() {
             }
             };
             // One phase: every row's files lie on the disk together, so each row runs under
-            // the same footprint as the baseline it is divided by. (Two phases, rows 1, 6, 2,
-            // 3 then 1, 6, 4, 5, ran the baseline at 1.28-1.40 s in the second against
-            // 1.43-1.61 s in the first: this virtual disk's host caches more of a smaller
-            // footprint.) The DeepSpeed-like rows take three buffers, so all six fit in memory.
+            // the same footprint as the baseline it is divided by (a virtual disk's host caches
+            // more of a smaller footprint, so rows under different footprints do not compare).
+            // The DeepSpeed-like rows take three buffers, so all six fit in memory.
             phase({1, 6, 2, 3, 4, 5});
         } catch (const std::exception& e) {
             out.error = e.what();

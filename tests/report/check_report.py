@@ -39,9 +39,13 @@ EXPECTED_PLOTS = {
     "virtual_tier": ["bench_virtual_tier.png"],
     "adam": ["bench_adam.png"],
     "update": ["bench_update_phase.png"],
-    "stash": ["bench_stash_memory.png"],
-    "mini_gpt": ["bench_mini_gpt.png"],
+    "stash": ["bench_stash.png", "bench_stash_memory.png"],
+    "mini_gpt": ["bench_mini_gpt.png", "bench_mini_gpt_loss.png"],
 }
+
+
+# The sections whose every row does not fit the short table: the rest are folded away.
+FOLDED = {"tiers", "adam", "update", "mini_gpt"}
 
 
 def load_script():
@@ -101,7 +105,19 @@ class ReportTest(unittest.TestCase):
             self.assertIn(s.title, sections, f"section {s.key} missing")
             body = sections[s.title]
             self.assertNotIn("Not measured", body, s.key)
-            self.assertIn("Measured on ", body, f"{s.key}: no machine line")
+            self.assertIn("Latest run: ", body, f"{s.key}: no machine line")
+            # The layout every section shares: narrative, machine, a table, goals with verdicts,
+            # the source; the full rows folded away.
+            self.assertLess(body.index("Latest run: "), body.index("| --- |"), s.key)
+            self.assertIn("**Goals**", body, f"{s.key}: no goals")
+            self.assertRegex(body, r"- \*\*(met|not met)\*\*: ", f"{s.key}: a goal without a verdict")
+            self.assertIn(f"_Source: `{s.source}`", body, s.key)
+            if s.key in FOLDED:
+                self.assertIn("<details><summary>All rows", body, f"{s.key}: full rows not folded")
+            self.assertLessEqual(visible_lines(body), 60, f"{s.key}: the section is too long to read")
+            # No internal row or config names where a reader sees them (outside the folded rows).
+            for internal in ("+lazy_widening", "+node_lock_2proc", "gpt2_124M", "BM_", "file_io_uring"):
+                self.assertNotIn(internal, fold_out(body), f"{s.key}: internal name {internal}")
             self.assertRegex(body, r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", f"{s.key}: no date")
             self.assertIn("| --- |", body, f"{s.key}: no table")
             # Every fixture row is one its section knows: none falls through to "Other rows".
@@ -114,6 +130,15 @@ class ReportTest(unittest.TestCase):
         summary = text.split("\n## ")[0]
         self.assertEqual(summary.count("not measured"), len(self.unmeasured))
         self.assertGreaterEqual(summary.count("\n| "), len(self.report.SECTIONS) + 1)
+        # Short cells: each summary line names the machine and day and ends with the verdict.
+        cpu_short = "AMD EPYC"
+        for line in [x for x in summary.splitlines() if x.startswith("| ") and "---" not in x][1:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            self.assertEqual(len(cells), 5, line)
+            self.assertIn(cells[-1], ("met", "not met", "–"), line)
+            self.assertTrue(all(len(c) <= 80 for c in cells), f"a long summary cell: {line}")
+            if cells[2] != "not measured":
+                self.assertRegex(cells[3], re.escape(cpu_short) + r", \d{4}-\d\d-\d\d", line)
         # The fixtures' CPU model reaches the report.
         cpu = json.loads((self.fixtures / "adam.json").read_text())["context"]["cpu_model"]
         self.assertIn(cpu, sections[self.report.SECTIONS[2].title])
@@ -122,12 +147,17 @@ class ReportTest(unittest.TestCase):
         rows = json.loads((self.fixtures / "update.json").read_text())["benchmarks"]
         full = next(r for r in rows if r["name"].startswith("update_phase/+second_path"))
         self.assertIn("| disk busy | shm busy |", sections[update.title])
+        # The update plot shows this run only; the paper's figures are in the comparison table.
+        self.assertIn("MLP-Offload", sections[update.title])
+        self.assertIn("1.68-2.34x", sections[update.title])
+        self.assertIn("lazy fp16 widening", fold_out(sections[update.title]))
         busy = f"| {100 * full['disk_busy']:.0f}% | {100 * full['shm_busy']:.0f}% |"
         self.assertIn(busy, sections[update.title])
         # The disk beside the Adam kernel: a line per thread count with its ratio to the idle disk.
         contended = [r for r in rows if r["name"].startswith("disk_under_adam/threads:")]
         self.assertEqual(len(contended), 2)
         self.assertIn("**The disk while the Adam step runs**", sections[update.title])
+        self.assertNotIn("**The disk while the Adam step runs**", fold_out(sections[update.title]))
         for r in contended:
             threads = r["name"].split(":")[1].split("/")[0]
             self.assertIn(f"| {threads} | ", sections[update.title])
@@ -183,7 +213,9 @@ class ReportTest(unittest.TestCase):
         self.assertIn("| 0.40 |", tiers_text)  # fio from base pages, in GB/s
         self.assertNotIn("file_io_uring_huge_pages", tiers_text)  # not among the unknown rows
         line = next(x for x in text.splitlines() if "huge-page buffers on both sides" in x)
-        self.assertIn("1 of 2 cells; min 0.50", line)
+        self.assertIn("1 of 2 cells, min 0.50", line)
+        self.assertIn("| write | 1 MiB | 32 |", fold_out(tiers_text))  # a goal cell of the short table
+        self.assertIn("**0.50**", fold_out(tiers_text))  # below the goal: bold
         self.assertTrue(line.rstrip().endswith("not met |"), line)
 
     def test_malformed_json_names_file_and_keeps_old_report(self):
@@ -303,7 +335,8 @@ class ReportTest(unittest.TestCase):
         self.assertNotIn(f"| {fmt_pct(lazy['read_wait_s'] / lazy['update_s'])} |", body)
         # The full row is still found by its name.
         full = rows["+node_lock_2proc"]
-        self.assertIn(f"vs_limit {full['vs_limit']:.2f}", head)
+        self.assertIn(f"at {full['vs_limit']:.2f} of the floor", head)
+        self.assertIn("| – at ", head)  # no speedup without the baseline, and no other row's
         self.assertIn("update_phase/baseline/", body)  # among the skipped rows
         self.assertTrue((self.work / "nobaseline-out" / "img" / "bench_update_phase.png").exists())
 
@@ -312,7 +345,7 @@ class ReportTest(unittest.TestCase):
         body, head = self.update_section(d, self.work / "onlyref-out")
         self.assertNotIn("MLP-Offload (published)", body)
         self.assertIn("No row of the ablation was measured", body)
-        self.assertIn("reference: baseline reading ahead", body)  # its row in the table
+        self.assertIn("reference: baseline reading ahead through the whole budget", body)  # its row
         self.assertIn("not measured", head)
 
     def test_update_comparison_without_full_row(self):
@@ -346,6 +379,15 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(by["a"].cv["vs_limit"], 0.25)
         self.assertEqual(by["a"].seconds(), 7.0)
         self.assertEqual(by["e"].error, "no fio")
+
+
+def fold_out(body: str) -> str:
+    """A section's text without its folded parts (what a reader sees without opening them)."""
+    return re.sub(r"<details>.*?</details>\n", "", body, flags=re.S)
+
+
+def visible_lines(body: str) -> int:
+    return len(fold_out(body).splitlines())
 
 
 def fmt_pct(share: float) -> str:
