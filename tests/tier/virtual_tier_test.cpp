@@ -30,7 +30,9 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
 
-std::string key_of(std::size_t i) { return std::string("k") + std::to_string(i); }
+std::string key_of(std::size_t i) {
+    return std::string("k") + std::to_string(i);
+}
 
 template <class Tier>
 void put(Tier& t, const std::string& key, const std::vector<std::byte>& data) {
@@ -56,7 +58,9 @@ std::string message_of(io_completion c) {
     }
     return "no error";
 }
-bool has(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, std::string_view part) {
+    return s.find(part) != std::string::npos;
+}
 
 virtual_tier_options fixed(std::vector<double> bw, std::string name = "vt") {
     virtual_tier_options o;
@@ -109,7 +113,8 @@ TEST_CASE("virtual_tier: compile-time children built in place, borrowed, or defa
 TEST_CASE("virtual_tier: a run-time list of children of one type") {
     auto data = random_bytes(777, 2);
     SUBCASE("from a range of constructor arguments") {
-        std::vector<std::tuple<std::size_t, std::string>> args{{MiB, "p0"}, {MiB, "p1"}, {MiB, "p2"}, {MiB, "p3"}};
+        std::vector<std::tuple<std::size_t, std::string>> args{
+            {MiB, "p0"}, {MiB, "p1"}, {MiB, "p2"}, {MiB, "p3"}};
         virtual_tier<thread_lock, std::vector<host_tier>> vt(fixed({1, 1, 1, 1}), args);
         REQUIRE(vt.child_count() == 4);
         for (std::size_t i = 0; i < 8; ++i) put(vt, key_of(i), data);
@@ -165,17 +170,19 @@ TEST_CASE("virtual_tier: placement follows the given bandwidth ratio exactly") {
 TEST_CASE("virtual_tier: the construction probe measures each child") {
     // Two throttled children, 4:1. The probe's warm-up transfer absorbs the bucket's burst.
     // Rates are low enough (26 and 105 ms per transfer) that a debug or sanitizer build's
-    // copies and a busy machine's scheduling delays (a few ms per transfer at a load of 12 on
-    // two cores) stay small beside them.
+    // copies and a busy machine's scheduling delays (a few ms per transfer) stay small beside
+    // them.
     const double fast = 10e6, slow = 2.5e6;
     const std::size_t probe = 256 * KiB;
     virtual_tier_options o;
     o.probe_nbytes = probe;
-    virtual_tier<thread_lock, throttled_host, throttled_host> vt(o, child_args(limit(fast, 64 * KiB), std::in_place),
-                                                                 child_args(limit(slow, 64 * KiB), std::in_place));
+    virtual_tier<thread_lock, throttled_host, throttled_host> vt(
+        o, child_args(limit(fast, 64 * KiB), std::in_place),
+        child_args(limit(slow, 64 * KiB), std::in_place));
     auto r = vt.report();
-    MESSAGE("probed: " << r[0].write_bandwidth / 1e6 << " and " << r[1].write_bandwidth / 1e6 << " MB/s written, "
-                       << r[0].read_bandwidth / 1e6 << " and " << r[1].read_bandwidth / 1e6 << " MB/s read");
+    MESSAGE("probed: " << r[0].write_bandwidth / 1e6 << " and " << r[1].write_bandwidth / 1e6
+                       << " MB/s written, " << r[0].read_bandwidth / 1e6 << " and "
+                       << r[1].read_bandwidth / 1e6 << " MB/s read");
     CHECK(r[0].write_bandwidth > 0.5 * fast);
     CHECK(r[0].write_bandwidth < 1.5 * fast);
     CHECK(r[1].write_bandwidth > 0.5 * slow);
@@ -207,10 +214,11 @@ double pass(Tier& vt, std::size_t keys, const std::vector<std::byte>& data) {
 }
 }  // namespace
 
-TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recovers within two passes") {
+TEST_CASE(
+    "virtual_tier: after a throttle is lowered mid-run, throughput recovers within two passes") {
     // Throttle-bound (52 ms per transfer on the fast path, 210 ms on the slowed one; a pass
-    // is 0.5 to 0.85 s of mostly waiting), so the few ms per transfer that scheduling costs
-    // on a busy 2-core machine (load 12) stay small in debug and sanitizer builds too.
+    // is 0.5 to 0.85 s of mostly waiting), so the few ms per transfer that scheduling can cost
+    // on a busy machine stay small in debug and sanitizer builds too.
     const std::size_t blob = 256 * KiB;
     const double rate = 5e6;
     const std::size_t keys = 20;
@@ -223,10 +231,12 @@ TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recover
     // thread_lock: one writer per child at a time, so a free worker serves the other child
     // instead of piling onto the slow one.
     virtual_tier<thread_lock, throttled_host, throttled_host> vt(
-        make_opts(placement_mode::adaptive), child_args(limit(rate, blob), std::in_place, SIZE_MAX, "a"),
+        make_opts(placement_mode::adaptive),
+        child_args(limit(rate, blob), std::in_place, SIZE_MAX, "a"),
         child_args(limit(rate, blob), std::in_place, SIZE_MAX, "b"));
     virtual_tier<thread_lock, throttled_host, throttled_host> still(
-        make_opts(placement_mode::fixed), child_args(limit(rate, blob), std::in_place, SIZE_MAX, "a"),
+        make_opts(placement_mode::fixed),
+        child_args(limit(rate, blob), std::in_place, SIZE_MAX, "a"),
         child_args(limit(rate, blob), std::in_place, SIZE_MAX, "b"));
 
     double before = 0;
@@ -243,8 +253,9 @@ TEST_CASE("virtual_tier: after a throttle is lowered mid-run, throughput recover
     const double ideal = rate + rate / 4;
     double first = pass(vt, keys, data);
     double second = pass(vt, keys, data);
-    MESSAGE("after: pass 1 " << first / ideal << ", pass 2 " << second / ideal << " of the new ideal; split "
-                             << keys_per_child(vt)[0] << "/" << keys_per_child(vt)[1]);
+    MESSAGE("after: pass 1 " << first / ideal << ", pass 2 " << second / ideal
+                             << " of the new ideal; split " << keys_per_child(vt)[0] << "/"
+                             << keys_per_child(vt)[1]);
     CHECK(second >= 0.9 * ideal);
     auto split = keys_per_child(vt);
     CHECK(split[1] >= 3);  // about 20 / 5 = 4 keys stay on the slow path
@@ -282,9 +293,11 @@ TEST_CASE("virtual_tier: a worker serves a free child while another child's lock
     std::vector<write_request> reqs;
     for (auto& n : names) reqs.push_back({n, data});
     auto done = vt.write_batch(reqs);  // placed 0, 1, 0, 1, 0, 1
-    for (std::size_t i = 1; i < 6; i += 2) CHECK(done[i].wait() == data.size());  // child 1 served first
+    for (std::size_t i = 1; i < 6; i += 2)
+        CHECK(done[i].wait() == data.size());  // child 1 served first
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (std::size_t i = 0; i < 6; i += 2) CHECK_FALSE(done[i].ready());  // child 0 waits for its lock
+    for (std::size_t i = 0; i < 6; i += 2)
+        CHECK_FALSE(done[i].ready());  // child 0 waits for its lock
     // Reads and writes are excluded separately: child 1's read lock taken does not stop a
     // write there (k1 stays on child 1: it is not above its share).
     node_lock reader("busy.1.read", o.locks);
@@ -302,7 +315,8 @@ TEST_CASE("virtual_tier: a worker serves a free child while another child's lock
     for (auto& n : names) CHECK(get(vt, n, data.size()) == data);
 }
 
-TEST_CASE("virtual_tier: a lock held outside the tier wakes its waiter when released, without polling") {
+TEST_CASE(
+    "virtual_tier: a lock held outside the tier wakes its waiter when released, without polling") {
     test::temp_dir dir("vt-wake");
     virtual_tier_options o = fixed({1, 1}, "wake");
     o.locks.directory = dir.path();
@@ -314,7 +328,8 @@ TEST_CASE("virtual_tier: a lock held outside the tier wakes its waiter when rele
     auto data = random_bytes(4 * KiB, 9);
     node_lock other("wake.0.write", o.locks);  // another process, as far as the tier can tell
     other.lock();
-    auto waiting = vt.write_batch(std::vector<write_request>{{"w0", data}, {"w1", data}});  // placed 0, 1
+    auto waiting =
+        vt.write_batch(std::vector<write_request>{{"w0", data}, {"w1", data}});  // placed 0, 1
     CHECK(waiting[1].wait() == data.size());  // the other child is served meanwhile
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     CHECK_FALSE(waiting[0].ready());
@@ -325,14 +340,16 @@ TEST_CASE("virtual_tier: a lock held outside the tier wakes its waiter when rele
     CHECK(delay < std::chrono::milliseconds(150));
     CHECK(get(vt, "w0", data.size()) == data);
     // The tier's own release wakes its other workers too (no external holder involved).
-    auto batch = vt.write_batch(std::vector<write_request>{{"a", data}, {"b", data}, {"c", data}, {"d", data}});
+    auto batch = vt.write_batch(
+        std::vector<write_request>{{"a", data}, {"b", data}, {"c", data}, {"d", data}});
     for (auto& d : batch) CHECK(d.wait() == data.size());
 }
 
 TEST_CASE("virtual_tier: a failed write goes to another child and the failed child is degraded") {
     using faulty_host = faulty_tier<host_tier>;
-    virtual_tier<thread_lock, faulty_host, host_tier> vt(fixed({1, 1}, "fo"), child_args(std::in_place, SIZE_MAX, "flaky"),
-                                                         child_args(SIZE_MAX, "steady"));
+    virtual_tier<thread_lock, faulty_host, host_tier> vt(
+        fixed({1, 1}, "fo"), child_args(std::in_place, SIZE_MAX, "flaky"),
+        child_args(SIZE_MAX, "steady"));
     std::vector<std::vector<std::byte>> blobs;
     for (std::size_t i = 0; i < 10; ++i) {
         blobs.push_back(random_bytes(10 * KiB + i, 100 + i));
@@ -390,8 +407,8 @@ TEST_CASE("virtual_tier: a failed write goes to another child and the failed chi
     }
     SUBCASE("when every child fails, the write fails naming each, and the old blob stays") {
         auto fresh = random_bytes(10 * KiB, 9);
-        virtual_tier<thread_lock, faulty_host, faulty_host> both(fixed({1, 1}, "dead"), child_args(std::in_place),
-                                                                 child_args(std::in_place));
+        virtual_tier<thread_lock, faulty_host, faulty_host> both(
+            fixed({1, 1}, "dead"), child_args(std::in_place), child_args(std::in_place));
         put(both, "k", blobs[0]);
         both.child<0>().fail_always(fault_op::write, EIO);
         both.child<1>().fail_always(fault_op::write, ENOSPC);
@@ -428,17 +445,20 @@ namespace {
 /// A host tier that can turn read-only, as a file system remounted read-only after errors:
 /// writes fail with EROFS and erase() throws, while reads still work.
 struct read_only_able_tier : test::host_tier_wrapper {
-    static constexpr tier_properties properties{.persistent = true, .direct_io = false, .host_accessible = true};
+    static constexpr tier_properties properties{
+        .persistent = true, .direct_io = false, .host_accessible = true};
     bool read_only = false;
     io_completion write(std::string_view k, std::span<const std::byte> b) {
         if (read_only)
-            return io_completion::failed(std::make_exception_ptr(
-                std::system_error(EROFS, std::generic_category(), "disk: write of " + std::string(k))));
+            return io_completion::failed(std::make_exception_ptr(std::system_error(
+                EROFS, std::generic_category(), "disk: write of " + std::string(k))));
         return inner.write(k, b);
     }
     io_completion read(std::string_view k, std::span<std::byte> b) { return inner.read(k, b); }
     bool erase(std::string_view k) {
-        if (read_only) throw std::system_error(EROFS, std::generic_category(), "disk: erase of " + std::string(k));
+        if (read_only)
+            throw std::system_error(EROFS, std::generic_category(),
+                                    "disk: erase of " + std::string(k));
         return inner.erase(k);
     }
 };
@@ -491,8 +511,8 @@ TEST_CASE("virtual_tier: a key whose file vanished from its child is forgotten b
     test::temp_dir dir("vt-vanished");
     std::filesystem::create_directories(dir.path() / "a");
     std::filesystem::create_directories(dir.path() / "b");
-    virtual_tier<null_lock, file_tier<>, file_tier<>> vt(fixed({1, 0}), child_args(dir.path() / "a"),
-                                                         child_args(dir.path() / "b"));
+    virtual_tier<null_lock, file_tier<>, file_tier<>> vt(
+        fixed({1, 0}), child_args(dir.path() / "a"), child_args(dir.path() / "b"));
     const auto blob = random_bytes(4 * KiB, 3);
     put(vt, "k", blob);
     std::filesystem::remove(dir.path() / "a" / "k");  // deleted behind the tiers' backs
@@ -522,25 +542,26 @@ TEST_CASE("virtual_tier: bad options are refused with a sentence naming the prob
     CHECK(has(msg([] { vt2 v(fixed({1, -1})); }), "path 1"));
     CHECK(has(msg([] { vt2 v(fixed({0, 0})); }), "bandwidth 0"));
     CHECK(has(msg([] {
-              auto o = fixed({1, 1});
-              o.lock_names = {"x"};
-              vt2 v(o);
-          }),
-          "1 lock names given for 2 children"));
+                  auto o = fixed({1, 1});
+                  o.lock_names = {"x"};
+                  vt2 v(o);
+              }),
+              "1 lock names given for 2 children"));
     CHECK(has(msg([] {
-              auto o = fixed({1, 1});
-              o.bandwidth_window_seconds = 0;
-              vt2 v(o);
-          }),
-          "bandwidth_window_seconds"));
+                  auto o = fixed({1, 1});
+                  o.bandwidth_window_seconds = 0;
+                  vt2 v(o);
+              }),
+              "bandwidth_window_seconds"));
     CHECK(has(msg([] {
-              test::temp_dir dir("vt-lock-names");  // the lock "ok" opens before "../bad" is refused
-              auto o = fixed({1, 1});
-              o.lock_names = {"ok", "../bad"};
-              o.locks.directory = dir.path();
-              virtual_tier<node_lock, host_tier, host_tier> v(o);
-          }),
-          "'../bad.read'"));
+                  test::temp_dir dir(
+                      "vt-lock-names");  // the lock "ok" opens before "../bad" is refused
+                  auto o = fixed({1, 1});
+                  o.lock_names = {"ok", "../bad"};
+                  o.locks.directory = dir.path();
+                  virtual_tier<node_lock, host_tier, host_tier> v(o);
+              }),
+              "'../bad.read'"));
 }
 
 TEST_CASE("virtual_tier: many threads, mixed sizes, every blob round-trips; stats add up") {
@@ -554,7 +575,8 @@ TEST_CASE("virtual_tier: many threads, mixed sizes, every blob round-trips; stat
             for (int k = 0; k < per; ++k) {
                 std::string key = "t";
                 key.append(std::to_string(t)).append("-").append(std::to_string(k));
-                auto data = random_bytes(1 + static_cast<std::size_t>(t * 977 + k * 131), static_cast<std::uint64_t>(t * 100 + k));
+                auto data = random_bytes(1 + static_cast<std::size_t>(t * 977 + k * 131),
+                                         static_cast<std::uint64_t>(t * 100 + k));
                 vt.write(key, data).wait();
                 std::vector<std::byte> back(data.size());
                 vt.read(key, back).wait();
