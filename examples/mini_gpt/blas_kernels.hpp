@@ -2,10 +2,9 @@
 //
 // OpenBLAS (built with DYNAMIC_ARCH, as Debian ships it) picks its kernels once, when the
 // library loads: from the environment variable OPENBLAS_CORETYPE when it is set, else from
-// the CPU. The choice can halve the throughput of every matrix product (on an AMD EPYC with
-// AVX-512, Haswell's AVX2 kernels ran a 2048^3 product at 95 GFLOP/s per core, SkylakeX's
-// at 165), so the trainer's summary and the benchmark's context say which kernels ran and
-// why; mini_gpt never overrides the choice.
+// the CPU. The choice can change the throughput of every matrix product severalfold (AVX2
+// kernels on an AVX-512 CPU), so the trainer's summary and the benchmark's context say which
+// kernels ran and why; mini_gpt never overrides the choice.
 #pragma once
 
 #include <string>

@@ -25,7 +25,9 @@ bool started_by_mpirun() {
     return false;
 }
 void check(int rc, const char* call) {
-    if (rc != MPI_SUCCESS) throw std::runtime_error(std::string(call) + " failed with MPI error " + std::to_string(rc));
+    if (rc != MPI_SUCCESS)
+        throw std::runtime_error(std::string(call) + " failed with MPI error " +
+                                 std::to_string(rc));
 }
 #endif
 }  // namespace
@@ -61,17 +63,22 @@ void dist::abort(int status) {
     std::exit(status);
 }
 
-int dist::rank() noexcept { return world_rank; }
-int dist::size() noexcept { return world_size; }
-int dist::local_size() noexcept { return node_size; }
+int dist::rank() noexcept {
+    return world_rank;
+}
+int dist::size() noexcept {
+    return world_size;
+}
+int dist::local_size() noexcept {
+    return node_size;
+}
 
 #if MINI_GPT_HAVE_MPI
 namespace {
 /// Waits until every rank has reached this point, asleep: Open MPI's blocking calls poll its
 /// progress loop on the core for as long as they wait, so a rank that reaches a collective
 /// first would take a core from the ranks still computing (and from its own I/O threads) on a
-/// node with fewer cores than threads. With GPT-2 124M on 2 ranks of 2 cores and offloading,
-/// the spinning made the slower rank's backward up to 2x slower and the exchange wait 0.5-2 s.
+/// node with fewer cores than threads.
 ///  1. MPI_Ibarrier starts the barrier without blocking;
 ///  2. MPI_Test checks it; until it completes the thread sleeps, 20 us at first, doubling up
 ///     to 500 us (the collective that follows starts at most that late).
@@ -113,10 +120,11 @@ void ring_allreduce(std::span<float> data) {
         for (std::size_t k = 0; k < std::max(out.size(), in.size()); k += ring_segment) {
             const std::size_t n_out = out.size() > k ? std::min(ring_segment, out.size() - k) : 0;
             const std::size_t n_in = in.size() > k ? std::min(ring_segment, in.size() - k) : 0;
-            check(MPI_Sendrecv(out.data() + k, static_cast<int>(n_out), MPI_FLOAT, right, static_cast<int>(s),
-                               scratch.data(), static_cast<int>(n_in), MPI_FLOAT, left, static_cast<int>(s),
-                               MPI_COMM_WORLD, MPI_STATUS_IGNORE),
-                  "MPI_Sendrecv");
+            check(
+                MPI_Sendrecv(out.data() + k, static_cast<int>(n_out), MPI_FLOAT, right,
+                             static_cast<int>(s), scratch.data(), static_cast<int>(n_in), MPI_FLOAT,
+                             left, static_cast<int>(s), MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                "MPI_Sendrecv");
             float* dst = in.data() + k;
             for (std::size_t i = 0; i < n_in; ++i) dst[i] += scratch[i];
         }
@@ -127,8 +135,8 @@ void ring_allreduce(std::span<float> data) {
         counts[q] = static_cast<int>(off[c + 1] - off[c]);
         displs[q] = static_cast<int>(off[c]);
     }
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts.data(), displs.data(), MPI_FLOAT,
-                         MPI_COMM_WORLD),
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts.data(),
+                         displs.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Allgatherv");
 }
 }  // namespace
@@ -138,12 +146,13 @@ void dist::allreduce_sum(std::span<float> data) {
 #if MINI_GPT_HAVE_MPI
     if (!mpi_active || world_size == 1) return;
     arrive_quietly();
-    // Not MPI_Allreduce: Open MPI's took 1.2-2.8 s for GPT-2 124M's 124 M gradients on two
-    // ranks of one node, whichever algorithm of its tuned component was asked for, where the
-    // ring above takes 0.1-0.2 s (its transfers copy once between the processes, and the sum
-    // is one vectorised loop). In pieces of at most 2^30 elements (MPI counts are int).
+    // Not MPI_Allreduce: the ring above copies each piece once between the processes and
+    // sums it in one vectorised loop, where Open MPI's tuned algorithms are several times
+    // slower for large float arrays between the ranks of one node. In pieces of at most 2^30
+    // elements (MPI counts are int).
     for (std::size_t off = 0; off < data.size(); off += std::size_t{1} << 30)
-        ring_allreduce(data.subspan(off, std::min<std::size_t>(data.size() - off, std::size_t{1} << 30)));
+        ring_allreduce(
+            data.subspan(off, std::min<std::size_t>(data.size() - off, std::size_t{1} << 30)));
 #else
     (void)data;
 #endif
@@ -152,7 +161,8 @@ void dist::allreduce_sum(std::span<float> data) {
 double dist::allreduce_sum(double value) {
 #if MINI_GPT_HAVE_MPI
     if (mpi_active && world_size > 1)
-        check(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+        check(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+              "MPI_Allreduce");
 #endif
     return value;
 }
@@ -162,7 +172,8 @@ bool dist::any(bool value) {
     if (mpi_active && world_size > 1) {
         arrive_quietly();
         int v = value ? 1 : 0;
-        check(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+        check(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD),
+              "MPI_Allreduce");
         return v != 0;
     }
 #endif
@@ -173,8 +184,10 @@ bool dist::same_everywhere(std::uint64_t value) {
 #if MINI_GPT_HAVE_MPI
     if (mpi_active && world_size > 1) {
         std::uint64_t lo = value, hi = value;
-        check(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
-        check(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+        check(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD),
+              "MPI_Allreduce");
+        check(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD),
+              "MPI_Allreduce");
         return lo == hi;
     }
 #endif
@@ -186,15 +199,17 @@ void dist::allgather(std::span<float> data, const std::vector<std::size_t>& offs
 #if MINI_GPT_HAVE_MPI
     if (!mpi_active || world_size == 1) return;
     arrive_quietly();
-    std::vector<int> counts(static_cast<std::size_t>(world_size)), displs(static_cast<std::size_t>(world_size));
+    std::vector<int> counts(static_cast<std::size_t>(world_size)),
+        displs(static_cast<std::size_t>(world_size));
     for (std::size_t r = 0; r < counts.size(); ++r) {
         if (offsets[r + 1] > (std::size_t{1} << 31) - 1)
-            throw std::runtime_error("dist::allgather: more than 2^31 parameters are not supported");
+            throw std::runtime_error(
+                "dist::allgather: more than 2^31 parameters are not supported");
         displs[r] = static_cast<int>(offsets[r]);
         counts[r] = static_cast<int>(offsets[r + 1] - offsets[r]);
     }
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts.data(), displs.data(), MPI_FLOAT,
-                         MPI_COMM_WORLD),
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts.data(),
+                         displs.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Allgatherv");
 #else
     (void)data;

@@ -51,8 +51,8 @@ struct gpt2_config {
 /// The 16 parameter tensors in llm.c's order.
 inline constexpr int num_param_tensors = 16;
 inline constexpr std::array<const char*, num_param_tensors> param_names = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
 /// Where each parameter tensor lives. The model keeps its block layer-major: wte, wpe, then
 /// layer 0's twelve tensors (ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb,
@@ -62,8 +62,9 @@ inline constexpr std::array<const char*, num_param_tensors> param_names = {
 /// soon as its parameters are updated. Checkpoints keep llm.c's order (one tensor per kind
 /// over all layers, `param_names`); to_llmc_order() and from_llmc_order() convert.
 struct param_layout {
-    std::array<std::size_t, num_param_tensors> sizes{};         // floats of each kind, all layers together
-    std::array<std::size_t, num_param_tensors> llmc_offsets{};  // where each kind starts in llm.c's order
+    std::array<std::size_t, num_param_tensors> sizes{};  // floats of each kind, all layers together
+    std::array<std::size_t, num_param_tensors>
+        llmc_offsets{};  // where each kind starts in llm.c's order
     std::size_t total = 0;
     explicit param_layout(const gpt2_config& c);
     /// Where tensor `kind` of `layer` starts in the model's block (layer is ignored for wte,
@@ -74,19 +75,25 @@ struct param_layout {
     [[nodiscard]] std::pair<std::size_t, std::size_t> layer_range(int layer) const noexcept;
     /// Copies the model's block into llm.c's order, and back (both `total` floats; throws
     /// std::invalid_argument otherwise).
-    void to_llmc_order(std::span<const float> model, std::span<float> llmc) const { convert(model, llmc, true); }
-    void from_llmc_order(std::span<const float> llmc, std::span<float> model) const { convert(llmc, model, false); }
+    void to_llmc_order(std::span<const float> model, std::span<float> llmc) const {
+        convert(model, llmc, true);
+    }
+    void from_llmc_order(std::span<const float> llmc, std::span<float> model) const {
+        convert(llmc, model, false);
+    }
 
 private:
     int layers_ = 0;
-    std::size_t layer_floats_ = 0;                               // one layer's twelve tensors
-    std::array<std::size_t, num_param_tensors> in_layer_{};      // a layer tensor's offset within its layer
+    std::size_t layer_floats_ = 0;  // one layer's twelve tensors
+    std::array<std::size_t, num_param_tensors>
+        in_layer_{};  // a layer tensor's offset within its layer
     void convert(std::span<const float> from, std::span<float> to, bool to_llmc) const;
 };
 
 /// One layer's parameter (or gradient) tensors.
 struct layer_params {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
+        *fcprojb;
 };
 
 /// Pointers into one parameter (or gradient) block in the model's (layer-major) layout.
@@ -100,9 +107,9 @@ private:
     const param_layout* layout_;
 };
 
-/// The activations one layer saves for its backward pass. Each pointer is one tensor; the
-/// in-memory store lays them out in one block per layer, the offloading store gives each its
-/// own buffer. In backward the tensors are only read.
+/// The activations one layer saves for its backward pass, as forward writes them. Each
+/// pointer is one tensor; the in-memory store lays them out in one block per layer, the
+/// offloading store gives each its own buffer.
 struct layer_acts {
     const float* inp = nullptr;  // (B,T,C) the layer's input: the previous layer's residual3
     float* ln1 = nullptr;        // (B,T,C)
@@ -119,25 +126,32 @@ struct layer_acts {
     float* fch_gelu = nullptr;   // (B,T,4C)
     float* residual3 = nullptr;  // (B,T,C) the layer's output
     static constexpr int num_tensors = 13;  // ln1 .. residual3, in this order
-    /// Index of each owned tensor in tensors() (and tensor_floats()).
+    /// Index of each owned tensor in tensors(), names and tensor_floats().
     enum tensor_index : int {
-        ln1_i, ln1_mean_i, ln1_rstd_i, qkv_i, att_i, atty_i, residual2_i, ln2_i, ln2_mean_i, ln2_rstd_i, fch_i,
-        fch_gelu_i, residual3_i
+        ln1_i,
+        ln1_mean_i,
+        ln1_rstd_i,
+        qkv_i,
+        att_i,
+        atty_i,
+        residual2_i,
+        ln2_i,
+        ln2_mean_i,
+        ln2_rstd_i,
+        fch_i,
+        fch_gelu_i,
+        residual3_i
     };
+    /// The owned tensors' names, in declaration order.
+    static constexpr std::array<const char*, num_tensors> names = {
+        "ln1", "ln1_mean", "ln1_rstd", "qkv", "att",      "atty",     "residual2",
+        "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_gelu", "residual3"};
     /// Pointers to the 13 owned tensors, in declaration order.
     [[nodiscard]] std::array<float**, num_tensors> tensors() noexcept {
-        return {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &atty, &residual2, &ln2, &ln2_mean, &ln2_rstd, &fch,
-                &fch_gelu, &residual3};
+        return {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att,      &atty,     &residual2,
+                &ln2, &ln2_mean, &ln2_rstd, &fch, &fch_gelu, &residual3};
     }
-    /// True when a store did not keep ln1, ln2, fch_gelu, att and atty (recomputable()): they
-    /// then point to scratch buffers (ln1 and ln2 to the same one), and backward first
-    /// recomputes each of them, just before its first use (fch_gelu from fch, ln2 from
-    /// residual2, att and atty from qkv, ln1 from inp with the kept LayerNorm statistics),
-    /// with the same kernels on the same inputs as forward: the same bits, for cheap passes
-    /// (two elementwise, one attention forward) instead of 7 (B,T,C) tensors and the (B,NH,T,T)
-    /// attention probabilities' worth of storage traffic each way.
-    bool recompute = false;
-    /// The tensors backward can recompute cheaply (see `recompute`).
+    /// The tensors backward can recompute cheaply (see layer_saved::recompute).
     static constexpr bool recomputable(int i) noexcept {
         return i == ln1_i || i == ln2_i || i == fch_gelu_i || i == att_i || i == atty_i;
     }
@@ -153,6 +167,46 @@ struct layer_acts {
     layer_acts(float* block, const float* input, const gpt2_config& c, int B, int T);
 };
 
+/// What backward reads of one layer (activation_store::need): the tensors forward saved,
+/// read-only, with the shapes of layer_acts.
+struct layer_saved {
+    const float *inp = nullptr, *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr,
+                *qkv = nullptr;
+    const float *att = nullptr, *atty = nullptr, *residual2 = nullptr, *ln2 = nullptr,
+                *ln2_mean = nullptr;
+    const float *ln2_rstd = nullptr, *fch = nullptr, *fch_gelu = nullptr, *residual3 = nullptr;
+    /// True when a store did not keep ln1, ln2, fch_gelu, att and atty (recomputable()): they
+    /// then point to the buffers of `scratch` (ln1 and ln2 to the same one), and backward first
+    /// recomputes each of them there, just before its first use (fch_gelu from fch, ln2 from
+    /// residual2, att and atty from qkv, ln1 from inp with the kept LayerNorm statistics),
+    /// with the same kernels on the same inputs as forward: the same bits, for cheap passes
+    /// (two elementwise, one attention forward) instead of 7 (B,T,C) tensors and the (B,NH,T,T)
+    /// attention probabilities' worth of storage traffic each way.
+    bool recompute = false;
+    /// Where backward recomputes (only with `recompute`): ln1 and ln2 (B,T,C), att (B,NH,T,T),
+    /// atty (B,T,C), fch_gelu (B,T,4C).
+    struct recompute_buffers {
+        float *ln = nullptr, *att = nullptr, *atty = nullptr, *fch_gelu = nullptr;
+    } scratch;
+    layer_saved() = default;
+    /// Every tensor of `a`, as forward wrote it (nothing to recompute).
+    explicit layer_saved(const layer_acts& a) noexcept
+        : inp(a.inp),
+          ln1(a.ln1),
+          ln1_mean(a.ln1_mean),
+          ln1_rstd(a.ln1_rstd),
+          qkv(a.qkv),
+          att(a.att),
+          atty(a.atty),
+          residual2(a.residual2),
+          ln2(a.ln2),
+          ln2_mean(a.ln2_mean),
+          ln2_rstd(a.ln2_rstd),
+          fch(a.fch),
+          fch_gelu(a.fch_gelu),
+          residual3(a.residual3) {}
+};
+
 /// Where the per-layer activations live between forward and backward. The in-memory store
 /// keeps them all; an offloading store (offload.cpp) hands them to Spillway's activation
 /// stash and brings them back for backward. Protocol, for layers l = 0..L-1:
@@ -160,7 +214,8 @@ struct layer_acts {
 ///     `forward_done(l)` follows layer l's forward at once (the store may now offload every
 ///     tensor of layer l except its output residual3, which the next layer still reads);
 ///     after the final LayerNorm has read the last output, `forward_end()`.
-///  2. backward, l = L-1..0: `need(l)` returns layer l's tensors with their contents (it may be
+///  2. backward, l = L-1..0: `need(l)` returns layer l's tensors with their contents, read-only
+///     (layer_saved; it may be
 ///     called more than once per layer); `done_with(l, i)` says that layer l's backward reads
 ///     tensor i no more (the store may free it early, making room to prefetch layer l-1);
 ///     after layer l's backward, `backward_done(l)`.
@@ -170,7 +225,7 @@ public:
     virtual layer_acts acquire(int layer, const float* inp) = 0;
     virtual void forward_done(int layer) = 0;
     virtual void forward_end() = 0;
-    virtual layer_acts need(int layer) = 0;
+    virtual layer_saved need(int layer) = 0;
     virtual void done_with(int layer, layer_acts::tensor_index tensor) = 0;
     virtual void backward_done(int layer) = 0;
     /// Bytes of layer activations resident at the peak of the last step.
@@ -187,7 +242,9 @@ public:
     layer_acts acquire(int layer, const float* inp) override;
     void forward_done(int) override {}
     void forward_end() override {}
-    layer_acts need(int layer) override { return acts_[static_cast<std::size_t>(layer)]; }
+    layer_saved need(int layer) override {
+        return layer_saved(acts_[static_cast<std::size_t>(layer)]);
+    }
     void done_with(int, layer_acts::tensor_index) override {}
     void backward_done(int) override {}
     [[nodiscard]] std::size_t peak_bytes() const override { return bytes_; }
@@ -242,7 +299,8 @@ public:
     /// part): the trainer's gate for an update that runs under backward. Backward reads the
     /// params of a layer only before it announces that layer (and wte's only before the
     /// first call), so such an update may change them once announced.
-    void backward(float loss_scale, activation_store& store, const grads_final_fn& grads_final = {});
+    void backward(float loss_scale, activation_store& store,
+                  const grads_final_fn& grads_final = {});
 
     /// Allocates the activation scratch outside the layer blocks for batch B, time T.
     void reserve(int B, int T);
@@ -268,11 +326,11 @@ private:
     std::vector<float> params_, grads_;
     int B_ = 0, T_ = 0;
     // Activations outside the layer blocks.
-    std::vector<float> encoded_;          // (B,T,C)
+    std::vector<float> encoded_;                    // (B,T,C)
     std::vector<float> lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C), (B,T), (B,T)
-    std::vector<float> logits_;           // (B,T,Vp): logits, then probs, then dlogits
-    std::vector<float> losses_;           // (B,T)
-    std::vector<int> inputs_, targets_;   // (B,T)
+    std::vector<float> logits_;                     // (B,T,Vp): logits, then probs, then dlogits
+    std::vector<float> losses_;                     // (B,T)
+    std::vector<int> inputs_, targets_;             // (B,T)
     // Gradient scratch of the activations.
     std::vector<float> dresidual_, dscratch_, dqkv_, datt_, dfch_, dln_;
     pass_times times_;
@@ -283,39 +341,42 @@ private:
 using spillway::thread_pool;
 
 // out (B,T,C) = wte[inp] + wpe[t]
-void encoder_forward(thread_pool& pool, float* out, const int* inp, const float* wte, const float* wpe, int B,
-                     int T, int C);
+void encoder_forward(thread_pool& pool, float* out, const int* inp, const float* wte,
+                     const float* wpe, int B, int T, int C);
 // dwte (Vp,C) +=, dwpe (maxT,C) +=, from dout (B,T,C)
-void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
-                      int C);
+void encoder_backward(thread_pool& pool, float* dwte, float* dwpe, const float* dout,
+                      const int* inp, int B, int T, int C);
 // out (N,C) = the LayerNorm of inp with the mean and rstd layernorm_forward computed: the same
 // bits as its out (backward's recompute)
-void layernorm_apply(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias,
-                     const float* mean, const float* rstd, int N, int C);
+void layernorm_apply(thread_pool& pool, float* out, const float* inp, const float* weight,
+                     const float* bias, const float* mean, const float* rstd, int N, int C);
 // out (N,C), mean (N), rstd (N) from inp (N,C), weight (C), bias (C)
-void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
+void layernorm_forward(thread_pool& pool, float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
 // dinp (N,C) +=, dweight (C) =, dbias (C) = (overwritten)
-void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C);
+void layernorm_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias,
+                        const float* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be null
-void matmul_forward(thread_pool& pool, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
-// dinp (N,C) = dout (N,OC) @ weight (OC,C), dweight (OC,C) = dout^T @ inp, dbias (OC) = column sums of
-// dout (may be null); all three overwritten
-void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC);
+void matmul_forward(thread_pool& pool, float* out, const float* inp, const float* weight,
+                    const float* bias, int N, int C, int OC);
+// dinp (N,C) = dout (N,OC) @ weight (OC,C), dweight (OC,C) = dout^T @ inp, dbias (OC) = column sums
+// of dout (may be null); all three overwritten
+void matmul_backward(thread_pool& pool, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int N, int C,
+                     int OC);
 // out (B,T,C), att (B,NH,T,T) from qkv (B,T,3C): causal softmax(q k^T / sqrt(hs)) v
-void attention_forward(thread_pool& pool, float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void attention_forward(thread_pool& pool, float* out, float* att, const float* qkv, int B, int T,
+                       int C, int NH);
 // dqkv (B,T,3C) = (overwritten), using datt scratch (B,NH,T,T)
-void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
+void attention_backward(thread_pool& pool, float* dqkv, float* datt, const float* dout,
+                        const float* qkv, const float* att, int B, int T, int C, int NH);
 // exp(x) in float with relative error below 4e-7 for x in [-87, upper] (inputs outside are
 // clamped to that range: no inf, no denormals; NaN stays NaN); branch-free and inline so that
 // the loops calling it vectorise. `upper` (at most 88) is for callers that divide by the result:
 // a vectorised loop computes the clamped case for every lane and blends afterwards, and
 // x / (1 + exp(88)) is a denormal for |x| < 2, which costs an Intel core a microcode assist per
-// vector: GELU ran 8x slower (17 ns per element instead of 2) until it passed 60.
+// vector (GELU passes 60).
 inline float exp_approx(float x, float upper = 88.0f) noexcept {
     // 1. Clamp so that 2^n below stays a normal float: exp(-87) ~ 1.6e-38, exp(88) ~ 1.7e38.
     x = std::min(std::max(x, -87.0f), upper);
@@ -338,16 +399,17 @@ inline float exp_approx(float x, float upper = 88.0f) noexcept {
 // out (N) = gelu_tanh(inp (N))
 void gelu_forward(thread_pool& pool, float* out, const float* inp, std::size_t N);
 // dinp (N) = gelu'(inp) * dout (overwritten; dinp may alias dout)
-void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float* dout, std::size_t N);
+void gelu_backward(thread_pool& pool, float* dinp, const float* inp, const float* dout,
+                   std::size_t N);
 // out (N) = a (N) + b (N)
 void residual_forward(thread_pool& pool, float* out, const float* a, const float* b, std::size_t N);
 // logits (N,Vp) become probs in place (softmax over the first V, padded entries 0);
 // losses (N) = -log probs[target]
-void softmax_crossentropy_forward(thread_pool& pool, float* logits, float* losses, const int* targets, int N, int V,
-                                  int Vp);
+void softmax_crossentropy_forward(thread_pool& pool, float* logits, float* losses,
+                                  const int* targets, int N, int V, int Vp);
 // probs (N,Vp) become dlogits in place: (probs - onehot(target)) * dloss; padded entries 0
-void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* targets, float dloss, int N, int V,
-                                   int Vp);
+void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* targets, float dloss,
+                                   int N, int V, int Vp);
 
 /// Model FLOPs of one training step (forward + backward) per token: 6 * non-embedding-matmul
 /// params + the LM head and attention terms (as in the PaLM appendix).

@@ -9,20 +9,21 @@
 // the pipeline updates them in place and the tier holds no second copy (8 bytes per
 // parameter each way per step instead of 12).
 //
-// Activations (--offload activations|all): each layer's tensors are computed into buffers
-// taken from the activation stash's pool (allocate()), handed over to the stash once the
-// next layer has read them (save_and_exchange(): no copy, and the buffer of the layer written
-// before comes back for the next layer to compute into), written to a file tier under the
-// first --path while compute goes on, and loaded back in reverse order for backward. The
-// tensors are saved the way a framework's ops save them, so the attention probabilities
-// are saved twice (by the softmax, as its output, and by the att @ v product, as its input)
-// and the stash stores them once (dedup). Small tensors (LayerNorm statistics) are kept.
-// What is cheaper to compute again than to move is not stored at all (store_settings::recompute,
-// --act-recompute): the two LayerNorm outputs, the GELU output and the attention's
-// probabilities and output (7 of a layer's 16 (B,T,C) floats per position, and NH x T more)
-// are recomputed in backward (layer_acts::recompute) into buffers that wait for the next
-// step's forward anyway. Tensors under 2 MiB live on huge-page slabs shared by many
-// tensors (stash_options::huge_page_arena) when a layer is large enough for the slabs to fill.
+// Activations (--offload activations|all): a spillway::layer_stash declares a layer's
+// tensors once (layer_acts' names and sizes) over an activation stash on a file tier under
+// the first --path. Each layer is computed into buffers from the stash's pool, handed over
+// once the next layer has read them (no copy; the buffer of the layer written before comes
+// back for the next layer to compute into), written while compute goes on, and loaded back
+// in reverse order for backward. The tensors are saved the way a framework's ops save them,
+// so the attention probabilities are saved twice (by the softmax, as its output, and by the
+// att @ v product, as its input) and the stash stores them once (dedup). Small tensors
+// (LayerNorm statistics) are kept. What is cheaper to compute again than to move is not
+// stored at all (store_settings::recompute, --act-recompute): the two LayerNorm outputs, the
+// GELU output and the attention's probabilities and output (7 of a layer's 16 (B,T,C) floats
+// per position, and NH x T more) are recomputed in backward (layer_saved::recompute) into
+// buffers that wait for the next step's forward anyway. Tensors under 2 MiB live on
+// huge-page slabs shared by many tensors (stash_options::huge_page_arena) when a layer is
+// large enough for the slabs to fill.
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -36,7 +37,9 @@
 #include "spillway/lock/node_lock.hpp"
 #include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/update_pipeline.hpp"
+#include "spillway/lock/lock_name.hpp"
 #include "spillway/stash/activation_stash.hpp"
+#include "spillway/stash/layer_stash.hpp"
 #include "spillway/tier/file_tier.hpp"
 #include "spillway/tier/virtual_tier.hpp"
 
@@ -74,7 +77,8 @@ spillway::owned_directory process_folder(const std::filesystem::path& dir) {
         spillway::owned_directory::reclaim_abandoned(dir, "proc-");
         return spillway::owned_directory::create(dir, "proc-");
     } catch (const std::system_error& e) {
-        throw input_error(dir.string() + ": cannot create this process's folder in it: " + e.what());
+        throw input_error(dir.string() +
+                          ": cannot create this process's folder in it: " + e.what());
     }
 }
 
@@ -86,7 +90,8 @@ void remove_if_empty(const std::filesystem::path& dir) noexcept {
 
 // ---- The offloaded optimizer ------------------------------------------------------------------
 
-using optimizer_tier = spillway::virtual_tier<spillway::node_lock, std::vector<spillway::file_tier<>>>;
+using optimizer_tier =
+    spillway::virtual_tier<spillway::node_lock, std::vector<spillway::file_tier<>>>;
 
 template <class Grad>
 class offloaded_optimizer final : public optimizer {
@@ -104,10 +109,7 @@ public:
             make_dir(dir);
             dirs_.push_back(dir);
             folders_.push_back(process_folder(dir));
-            auto canonical = std::filesystem::weakly_canonical(dir).string();
-            std::ostringstream name;
-            name << "mini_gpt-" << std::hex << std::hash<std::string>{}(canonical);
-            vo.lock_names.push_back(name.str());
+            vo.lock_names.push_back(spillway::path_lock_name(dir, "mini_gpt-"));
         }
         // 2. The virtual tier: one file tier per path, in this process's folder there, named
         //    by its --path (the summary reports each path on its own line), placement by
@@ -138,7 +140,8 @@ public:
         auto saved = dir / "optimizer";
         if (!std::filesystem::exists(saved / "manifest.txt"))
             throw input_error(saved.string() +
-                              ": missing (this save was made with --offload none|activations; resume with the same mode)");
+                              ": missing (this save was made with --offload none|activations; "
+                              "resume with the same mode)");
         try {
             pipe_.reset(new pipeline(pipeline::restore(saved, *tier_, config(), options(params))));
         } catch (const std::invalid_argument& e) {
@@ -154,19 +157,22 @@ public:
         args.grad_scale = grad_scale;
         return pipe_->hand_over_gradients(std::get<std::span<const Grad>>(grads), args);
     }
-    void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
+    void step(std::int64_t t, float grad_scale, const grad_span& grads,
+              std::span<float> params) override {
         spillway::update_args args;
         args.grad_scale = grad_scale;
         run_step(t, std::get<std::span<const Grad>>(grads), params, args);
     }
     [[nodiscard]] bool next_step_under_backward() const override {
-        return std::is_same_v<Grad, float> && pipe_->next_order().walk() == spillway::direction::descending;
+        return std::is_same_v<Grad, float> &&
+               pipe_->next_order().walk() == spillway::direction::descending;
     }
     void step_under_backward(std::int64_t t, std::span<const float> grads, std::span<float> params,
                              spillway::gradient_gate gate) override {
         if constexpr (std::is_same_v<Grad, float>) {
             if (!next_step_under_backward())
-                throw std::logic_error("offloaded optimizer: step " + std::to_string(t) + " walks upwards: not under backward");
+                throw std::logic_error("offloaded optimizer: step " + std::to_string(t) +
+                                       " walks upwards: not under backward");
             spillway::update_args args;
             args.gradients_final = std::move(gate);
             run_step(t, grads, params, args);
@@ -174,9 +180,11 @@ public:
             optimizer::step_under_backward(t, grads, params, std::move(gate));
         }
     }
-    void run_step(std::int64_t t, std::span<const Grad> grads, std::span<float> params, const spillway::update_args& args) {
+    void run_step(std::int64_t t, std::span<const Grad> grads, std::span<float> params,
+                  const spillway::update_args& args) {
         if (pipe_->steps() + 1 != t)
-            throw std::logic_error("offloaded optimizer: step " + std::to_string(t) + " but the pipeline is at step " +
+            throw std::logic_error("offloaded optimizer: step " + std::to_string(t) +
+                                   " but the pipeline is at step " +
                                    std::to_string(pipe_->steps()));
         next_order_was_ascending_ = next_step_ascending();
         pipe_->update(grads, params, args);
@@ -190,8 +198,10 @@ public:
         prefetch_hits_ += st.served_from_prefetch;
         subgroups_ += pipe_->subgroup_count();
         for (const auto& c : st.children) {
-            auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& x) { return x.name == c.name; });
-            if (it == children_.end()) children_.push_back(c);
+            auto it = std::find_if(children_.begin(), children_.end(),
+                                   [&](const auto& x) { return x.name == c.name; });
+            if (it == children_.end())
+                children_.push_back(c);
             else {
                 it->bytes_read += c.bytes_read;
                 it->bytes_written += c.bytes_written;
@@ -204,27 +214,33 @@ public:
     [[nodiscard]] bool next_step_ascending() const override {
         return pipe_->next_order().walk() == spillway::direction::ascending;
     }
-    void on_progress(std::function<void(std::size_t)> callback) override { progress_ = std::move(callback); }
+    void on_progress(std::function<void(std::size_t)> callback) override {
+        progress_ = std::move(callback);
+    }
     void save(const std::filesystem::path& dir) override { pipe_->save(dir / "optimizer"); }
     [[nodiscard]] double last_io_wait_ms() const override { return last_wait_ms_; }
     [[nodiscard]] std::string report() const override {
         std::ostringstream o;
-        o << "  optimizer       update pipeline over " << dirs_.size() << " path(s), " << pipe_->subgroup_count()
-          << " subgroups of " << s_.subgroup << " params, " << s_.buffers << " host buffers\n";
+        o << "  optimizer       update pipeline over " << dirs_.size() << " path(s), "
+          << pipe_->subgroup_count() << " subgroups of " << s_.subgroup << " params, " << s_.buffers
+          << " host buffers\n";
         o << "                  read " << human(static_cast<double>(read_)) << ", wrote "
-          << human(static_cast<double>(written_)) << "; of " << subgroups_ << " subgroup visits " << resident_hits_
-          << " were served from the resident set and " << prefetch_hits_ << " by the " << prefetched_
-          << " reads started during forward and backward\n";
+          << human(static_cast<double>(written_)) << "; of " << subgroups_ << " subgroup visits "
+          << resident_hits_ << " were served from the resident set and " << prefetch_hits_
+          << " by the " << prefetched_ << " reads started during forward and backward\n";
         // Bytes from the tier's own counters (the update calls' and the reads begun during
         // forward and backward); the busy share from the update calls alone.
         for (const auto& c : tier_->report()) {
             const std::string name(c.name);
-            auto during_updates = std::find_if(children_.begin(), children_.end(), [&](const auto& x) { return x.name == name; });
-            o << "                  tier " << name << ": read " << human(static_cast<double>(c.moved.bytes_read))
-              << ", wrote " << human(static_cast<double>(c.moved.bytes_written)) << "; busy "
+            auto during_updates = std::find_if(children_.begin(), children_.end(),
+                                               [&](const auto& x) { return x.name == name; });
+            o << "                  tier " << name << ": read "
+              << human(static_cast<double>(c.moved.bytes_read)) << ", wrote "
+              << human(static_cast<double>(c.moved.bytes_written)) << "; busy "
               << (during_updates == children_.end()
                       ? 0
-                      : static_cast<int>(100 * during_updates->busy_fraction(update_seconds_) + 0.5))
+                      : static_cast<int>(100 * during_updates->busy_fraction(update_seconds_) +
+                                         0.5))
               << "% of the update time\n";
         }
         return o.str();
@@ -251,34 +267,42 @@ private:
         // An ascending call finishes subgroup s after every one before it: params [0, end of
         // s) are final (next_step_ascending, on_progress).
         o.on_subgroup_updated = [this](std::size_t s) {
-            if (progress_ && next_order_was_ascending_) progress_(std::min(count_, (s + 1) * s_.subgroup));
+            if (progress_ && next_order_was_ascending_)
+                progress_(std::min(count_, (s + 1) * s_.subgroup));
         };
         return o;
     }
 
     optimizer_settings s_;
     std::size_t count_;
-    std::vector<std::filesystem::path> dirs_;           // <path>/mini_gpt-optimizer, shared
-    std::vector<spillway::owned_directory> folders_;    // this process's folder in each
+    std::vector<std::filesystem::path> dirs_;         // <path>/mini_gpt-optimizer, shared
+    std::vector<spillway::owned_directory> folders_;  // this process's folder in each
     std::unique_ptr<optimizer_tier> tier_;
     std::unique_ptr<pipeline> pipe_;
     double last_wait_ms_ = 0;
     std::uint64_t calls_ = 0, read_ = 0, written_ = 0, resident_hits_ = 0, subgroups_ = 0;
     double update_seconds_ = 0;  // summed over update() calls: the base of each path's busy share
-    std::uint64_t prefetched_ = 0, prefetch_hits_ = 0;  // reads begin_prefetch() started; visits they served
+    std::uint64_t prefetched_ = 0,
+                  prefetch_hits_ = 0;  // reads begin_prefetch() started; visits they served
     std::vector<spillway::child_io> children_;
     std::function<void(std::size_t)> progress_;  // on_progress()
-    bool next_order_was_ascending_ = false;       // the running step walks upwards
+    bool next_order_was_ascending_ = false;      // the running step walks upwards
 };
 
 // ---- The offloading activation store ----------------------------------------------------------
 
 class stash_store final : public activation_store {
     using tier_type = spillway::file_tier<>;
+    using ti = layer_acts::tensor_index;
+    static const char* name(int i) { return layer_acts::names[static_cast<std::size_t>(i)]; }
+    static std::size_t at(int layer) { return static_cast<std::size_t>(layer); }
 
 public:
     stash_store(const gpt2_config& c, int B, int T, const store_settings& s)
-        : config_(c), dir_(s.path / "mini_gpt-activations"), recorder_(s.recorder), recompute_(s.recompute) {
+        : config_(c),
+          dir_(s.path / "mini_gpt-activations"),
+          recorder_(s.recorder),
+          recompute_(s.recompute) {
         make_dir(dir_);
         folder_.emplace(process_folder(dir_));
         try {
@@ -286,37 +310,41 @@ public:
         } catch (const std::system_error& e) {
             throw input_error(dir_.string() + ": cannot use it for activations: " + e.what());
         }
-        auto sizes = layer_acts::tensor_floats(c, B, T);
+        // The layer's tensors, declared once: layer_acts' names and sizes.
+        const auto sizes = layer_acts::tensor_floats(c, B, T);
+        std::vector<spillway::layer_tensor> tensors;
+        for (int i = 0; i < layer_acts::num_tensors; ++i)
+            tensors.push_back({name(i), sizes[static_cast<std::size_t>(i)]});
         // Bytes as the stash counts them: buffer capacities (allocate() rounds each tensor up
         // to the I/O alignment).
-        std::size_t layer_bytes = 0;   // a layer's buffers (what forward computes into)
-        std::size_t stored_bytes = 0;  // what the stash holds of a layer
-        for (std::size_t i = 0; i < sizes.size(); ++i) {
-            bytes_[i] = sizes[i] * sizeof(float);
-            layer_bytes += spillway::align_up(bytes_[i]);
-            if (!stored(i)) continue;
-            stored_bytes += spillway::align_up(bytes_[i]);
-        }
         spillway::stash_options o;
-        o.keep_below_bytes = 64 << 10;   // LayerNorm statistics stay; everything else may go
-        std::size_t small = 0;
-        for (std::size_t b : bytes_)
-            if (b < o.keep_below_bytes) small += spillway::align_up(b);
+        o.keep_below_bytes = 64 << 10;  // LayerNorm statistics stay; everything else may go
+        std::size_t layer_bytes = 0;    // a layer's buffers (what forward computes into)
+        std::size_t stored_bytes = 0;   // what the stash holds of a layer
+        std::size_t small = 0;          // what it keeps of a layer (the statistics)
+        for (int i = 0; i < layer_acts::num_tensors; ++i) {
+            const std::size_t nbytes =
+                spillway::align_up(sizes[static_cast<std::size_t>(i)] * sizeof(float));
+            layer_bytes += nbytes;
+            if (stored(i)) stored_bytes += nbytes;
+            if (nbytes < o.keep_below_bytes) small += nbytes;
+        }
         // The budget is what makes offloading lower the peak whatever the disk's speed: a save
         // that finds it full waits for writes. Default: the largest layer scope backward loads
         // at once, the last layer's (its input, its stored tensors and its output: a layer
         // block less what is recomputed, and one more (B,T,C) tensor), plus every layer's kept
-        // statistics; exactly, so that any batch fits (a fixed slack did not: the last layer's
-        // load failed once a (B,T,C) tensor outgrew it). Forward then holds at most two layers
+        // statistics; exactly, so that any batch fits. Forward then holds at most two layers
         // (the one it computes and the one being written); backward gives each tensor back
         // after its last use (done_with), and the room it frees is where layer l-1 is
         // prefetched.
-        const std::size_t least = stored_bytes + spillway::align_up(bytes_[layer_acts::residual3_i]) +
+        const std::size_t least = stored_bytes +
+                                  spillway::align_up(sizes[ti::residual3_i] * sizeof(float)) +
                                   small * static_cast<std::size_t>(c.num_layers);
         if (s.memory_budget > 0 && s.memory_budget < least)
-            throw input_error("--act-budget: " + human(static_cast<double>(s.memory_budget)) + " is below the " +
-                              human(static_cast<double>(least)) +
-                              " the last layer's backward loads at once (its input, tensors and output, with every "
+            throw input_error("--act-budget: " + human(static_cast<double>(s.memory_budget)) +
+                              " is below the " + human(static_cast<double>(least)) +
+                              " the last layer's backward loads at once (its input, tensors and "
+                              "output, with every "
                               "layer's LayerNorm statistics) at this batch and sequence length");
         o.memory_budget = s.memory_budget > 0 ? s.memory_budget : least;
         if (s.first_kept_layer < 0) {
@@ -327,26 +355,25 @@ public:
             o.split = spillway::split_mode::fixed;
             o.first_kept_layer = static_cast<std::size_t>(s.first_kept_layer);
         }
-        // Tensors under 2 MiB from huge-page slabs (stash_options::huge_page_arena): this virtual
-        // disk then moved the default config's 0.5-1.5 MiB tensors fast enough that its
-        // `activations` step went from 69-71 to 63 ms (`none` 54-57; 2026-12-04), and two ranks'
-        // `all` (half the batch each: 2.4 slabs a layer) from 66 to 60.5 ms (`none` 42.7). The
-        // slabs' slack (free pieces, about a slab) counts in the peak, so a model whose layer
-        // fills fewer than two slabs keeps malloc's buffers (the tests' tiny configs).
+        // Tensors under 2 MiB from huge-page slabs (stash_options::huge_page_arena) once a
+        // layer fills two slabs: below that the slabs' slack (free pieces, about a slab, which
+        // counts in the peak) would lift the peak more than the faster transfers are worth.
         o.huge_page_arena = s.huge_page_arena && layer_bytes >= 2 * spillway::huge_page_bytes;
         o.prefetch_layers = 1;
         o.write_threads = o.read_threads = s.io_threads;
-        o.pool_limit = layer_bytes;       // one layer of free buffers for the next layer to reuse
+        o.pool_limit = layer_bytes;  // one layer of free buffers for the next layer to reuse
         o.key_prefix = s.key_prefix;
         stash_ = std::make_unique<spillway::activation_stash<tier_type>>(*tier_, o);
-        layers_.resize(static_cast<std::size_t>(c.num_layers));
+        layers_.emplace(*stash_, std::move(tensors), at(c.num_layers));
+        inputs_.resize(at(c.num_layers));
+        loaded_.resize(at(c.num_layers));
         if (recorder_) {
             fwd_track_ = recorder_->track("activations: save");
             bwd_track_ = recorder_->track("activations: load wait");
         }
     }
     ~stash_store() override {
-        for (auto& l : layers_) release_layer(l);
+        layers_.reset();  // releases what is still saved
         stash_.reset();
         tier_.reset();
         folder_.reset();
@@ -354,105 +381,95 @@ public:
     }
 
     layer_acts acquire(int layer, const float* inp) override {
-        auto& st = layers_[static_cast<std::size_t>(layer)];
-        if (layer == 0) ++version_;  // a new step: every buffer holds new contents
-        release_layer(st);           // (a step that failed half-way leaves handles behind)
-        st.acts = layer_acts{};
-        st.acts.inp = inp;
-        auto ptrs = st.acts.tensors();
-        for (std::size_t i = 0; i < ptrs.size(); ++i) {
-            if (next_[i].data()) {
-                st.buffers[i] = std::move(next_[i]);  // already counted in mine_
-            } else {
-                st.buffers[i] = stash_->allocate(bytes_[i]);
-                mine_ += st.buffers[i].capacity();
-            }
-            *ptrs[i] = st.buffers[i].as<float>().data();
-        }
+        if (layer == 0) layers_->begin_step();
+        if (layer > 0)
+            layers_->release(at(layer - 1),
+                             name(ti::residual3_i));  // (a step that failed half-way)
+        loaded_[at(layer)].reset();
+        layers_->acquire(at(layer));
+        layer_acts a;
+        a.inp = inputs_[at(layer)] = inp;
+        auto ptrs = a.tensors();
+        for (int i = 0; i < layer_acts::num_tensors; ++i)
+            *ptrs[static_cast<std::size_t>(i)] = layers_->output<float>(at(layer), name(i)).data();
         sample();
-        return st.acts;
+        return a;
     }
 
     void forward_done(int layer) override {
-        spillway::trace::scoped_event ev(recorder_, fwd_track_, "save layer " + std::to_string(layer));
-        const auto l = static_cast<std::size_t>(layer);
-        auto& st = layers_[l];
-        const char* names[] = {"ln1", "ln1_mean", "ln1_rstd", "qkv", "att", "atty", "residual2", "ln2",
-                               "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
+        spillway::trace::scoped_event ev(recorder_, fwd_track_,
+                                         "save layer " + std::to_string(layer));
+        const std::size_t l = at(layer);
         // The previous layer's output is this layer's input (ln1's backward reads it); this
         // layer has read it, so it goes to the stash now, in this layer's scope.
-        if (layer > 0) st.add(input_slot, save(layer, l - 1, 12, "residual3 (input)", layers_[l - 1].buffers[12]));
-        for (std::size_t i = 0; i < 12; ++i) {
-            if (!stored(i)) {  // read by this layer only, and recomputed in backward: the next layer reuses it
-                keep_for_next(i, std::exchange(st.buffers[i], spillway::aligned_buffer()));
+        if (layer > 0) layers_->save(l - 1, name(ti::residual3_i), l);
+        for (int i = 0; i < layer_acts::num_tensors; ++i) {
+            if (i == ti::residual3_i) continue;  // the next layer reads it first
+            if (!stored(i)) {
+                layers_->recycle(l, name(i));  // recomputed in backward
                 continue;
             }
-            float* data = st.buffers[i].as<float>().data();
-            const int slot = static_cast<int>(i);
-            st.add(slot, save(layer, l, i, names[i], st.buffers[i]));
-            if (i == layer_acts::att_i) {
-                // att @ v saves its input: the same tensor the softmax saved (a dedup hit; the
-                // bytes are not read again).
-                std::span<const std::byte> same(reinterpret_cast<const std::byte*>(data), bytes_[4]);
-                st.add(slot, stash_->save(desc(layer, l, 4, "att (att @ v input)"), same));
-            }
+            layers_->save(l, name(i));
+            // att @ v saves its input: the same tensor the softmax saved (the stash stores it
+            // once).
+            if (i == ti::att_i) layers_->share(l, name(i), "att (att @ v input)");
         }
         sample();
     }
 
     void forward_end() override {
         // The final LayerNorm has read the last layer's output; its backward reads it again.
-        const auto l = static_cast<std::size_t>(config_.num_layers - 1);
-        layers_[l].add(layer_acts::residual3_i, save(config_.num_layers - 1, l, 12, "residual3", layers_[l].buffers[12]));
+        layers_->save(at(config_.num_layers - 1), name(ti::residual3_i));
         sample();
     }
 
-    layer_acts need(int layer) override {
-        const auto l = static_cast<std::size_t>(layer);
-        auto& st = layers_[l];
-        if (st.loaded) return st.acts;
+    layer_saved need(int layer) override {
+        const std::size_t l = at(layer);
+        if (loaded_[l]) return *loaded_[l];  // (backward asks for the last layer twice)
         auto t0 = spillway::trace::clock::now();
-        std::vector<float*> views;
-        for (auto& h : st.handles)
-            views.push_back(const_cast<float*>(reinterpret_cast<const float*>(stash_->load(h).data())));
-        if (recorder_) recorder_->complete(bwd_track_, "load layer " + std::to_string(layer), t0, spillway::trace::clock::now());
-        // The handles' order: [inp], ln1 .. att, att again, atty .. fch_gelu (those stored),
-        // [residual3].
-        std::size_t k = 0;
-        layer_acts a;
-        a.inp = layer > 0 ? views[k++] : st.acts.inp;
-        auto ptrs = a.tensors();
-        for (std::size_t i = 0; i < 12; ++i) {
-            if (!stored(i)) continue;
-            *ptrs[i] = views[k++];
-            if (i == layer_acts::att_i) ++k;
-        }
+        // The loads in saving order: the input, the layer's stored tensors, the last output.
+        auto load = [&](std::size_t owner, int i) {
+            return layers_->load<float>(owner, name(i)).data();
+        };
+        layer_saved a;
+        a.inp = layer > 0 ? load(l - 1, ti::residual3_i) : inputs_[l];
+        const std::array<const float**, layer_acts::num_tensors> fields = {
+            &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att,      &a.atty,     &a.residual2,
+            &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.residual3};
+        for (int i = 0; i < ti::residual3_i; ++i)
+            if (stored(i)) *fields[static_cast<std::size_t>(i)] = load(l, i);
+        if (layer == config_.num_layers - 1) a.residual3 = load(l, ti::residual3_i);
+        if (recorder_)
+            recorder_->complete(bwd_track_, "load layer " + std::to_string(layer), t0,
+                                spillway::trace::clock::now());
         if (recompute_) {
             // Backward recomputes into the buffers that wait for the next step's layer 0 (the
-            // last layer's ln1, att, atty and fch_gelu buffers, kept_for_next): idle until then,
-            // so the recompute costs no memory of its own. ln1 and ln2 share one.
+            // spares of ln1, att, atty and fch_gelu): idle until then, so the recompute costs
+            // no memory of its own. ln1 and ln2 share one.
             a.recompute = true;
-            a.fch_gelu = idle_buffer(layer_acts::fch_gelu_i).as<float>().data();
-            a.ln1 = a.ln2 = idle_buffer(layer_acts::ln1_i).as<float>().data();
-            a.att = idle_buffer(layer_acts::att_i).as<float>().data();
-            a.atty = idle_buffer(layer_acts::atty_i).as<float>().data();
+            a.scratch = {layers_->spare<float>(name(ti::ln1_i)).data(),
+                         layers_->spare<float>(name(ti::att_i)).data(),
+                         layers_->spare<float>(name(ti::atty_i)).data(),
+                         layers_->spare<float>(name(ti::fch_gelu_i)).data()};
+            a.ln1 = a.ln2 = a.scratch.ln;
+            a.att = a.scratch.att;
+            a.atty = a.scratch.atty;
+            a.fch_gelu = a.scratch.fch_gelu;
         }
-        a.residual3 = layer == config_.num_layers - 1 ? views[k++] : nullptr;
-        st.acts = a;
-        st.loaded = true;
+        loaded_[l] = a;
         sample();
         return a;
     }
 
     void done_with(int layer, layer_acts::tensor_index tensor) override {
-        auto& st = layers_[static_cast<std::size_t>(layer)];
-        for (std::size_t i = 0; i < st.handles.size(); ++i)
-            if (st.slots[i] == tensor && st.handles[i].valid()) stash_->release(st.handles[i]);
+        layers_->release(at(layer), name(tensor));
         sample();
     }
 
     void backward_done(int layer) override {
-        release_layer(layers_[static_cast<std::size_t>(layer)]);
+        loaded_[at(layer)].reset();
+        if (layer > 0) layers_->release(at(layer - 1), name(ti::residual3_i));  // its input
+        layers_->release_layer(at(layer));
         sample();
     }
 
@@ -469,122 +486,65 @@ public:
         // stash's dedup stores them once) are not saved at all.
         o << "  stash           saved " << human(static_cast<double>(s.bytes_saved)) << " (dedup "
           << human(static_cast<double>(s.bytes_deduplicated))
-          << (recompute_ ? ": the attention probabilities, saved twice otherwise, are recomputed" : "")
-          << "), offloaded "
-          << human(static_cast<double>(s.bytes_offloaded)) << ", kept " << human(static_cast<double>(s.bytes_kept))
-          << ", forwarded " << human(static_cast<double>(s.bytes_forwarded)) << ", loaded "
+          << (recompute_ ? ": the attention probabilities, saved twice otherwise, are recomputed"
+                         : "")
+          << "), offloaded " << human(static_cast<double>(s.bytes_offloaded)) << ", kept "
+          << human(static_cast<double>(s.bytes_kept)) << ", forwarded "
+          << human(static_cast<double>(s.bytes_forwarded)) << ", loaded "
           << human(static_cast<double>(s.bytes_loaded)) << "\n";
-        o << "                  write skips " << s.write_skips << ", load wait " << s.load_wait_seconds * 1e3 << " ms, budget wait "
-          << s.budget_wait_seconds * 1e3 << " ms; "
+        o << "                  write skips " << s.write_skips << ", load wait "
+          << s.load_wait_seconds * 1e3 << " ms, budget wait " << s.budget_wait_seconds * 1e3
+          << " ms; "
           << (stash_->options().huge_page_arena ? "tensors under 2 MiB on huge-page slabs; " : "")
           << "adaptive split: ";
-        if (stash_->options().split == spillway::split_mode::offload_all) o << "off (--act-split offload)\n";
+        if (stash_->options().split == spillway::split_mode::offload_all)
+            o << "off (--act-split offload)\n";
         else if (stash_->options().split == spillway::split_mode::fixed)
             o << "fixed, layers " << stash_->options().first_kept_layer << "+ kept in memory\n";
-        else if (!plan.planned) o << "not planned yet\n";
-        else if (plan.first_kept_layer >= static_cast<std::size_t>(config_.num_layers)) o << "every layer offloaded\n";
-        else o << "layers " << plan.first_kept_layer << "+ kept in memory\n";
+        else if (!plan.planned)
+            o << "not planned yet\n";
+        else if (plan.first_kept_layer >= static_cast<std::size_t>(config_.num_layers))
+            o << "every layer offloaded\n";
+        else
+            o << "layers " << plan.first_kept_layer << "+ kept in memory\n";
         return o.str();
     }
 
 private:
-    struct layer_state {
-        layer_acts acts;
-        std::array<spillway::aligned_buffer, layer_acts::num_tensors> buffers;
-        std::vector<spillway::stash_handle> handles;
-        std::vector<int> slots;  // per handle: its layer_acts::tensor_index, or input_slot
-        bool loaded = false;
-        void add(int slot, spillway::stash_handle&& h) {
-            handles.push_back(std::move(h));
-            slots.push_back(slot);
-        }
-    };
-    static constexpr int input_slot = -1;  // the layer's input (the previous layer's residual3)
-
-    spillway::tensor_desc desc(int scope, std::size_t owner, std::size_t tensor, const std::string& name) const {
-        spillway::tensor_desc d;
-        d.name = "layer " + std::to_string(owner) + " " + name;
-        d.storage_id = owner * 16 + tensor + 1;  // one storage per (layer, tensor) buffer
-        d.version = version_;                    // rewritten every step
-        d.type = spillway::dtype::f32;
-        d.shape = {static_cast<std::int64_t>(bytes_[tensor] / sizeof(float))};
-        d.layer = static_cast<std::uint32_t>(scope);
-        return d;
-    }
-    // Hands `buffer` over and keeps the free buffer of its size the stash gives back (the
-    // previous layer's, once written) for the next layer's tensor: the trainer then computes
-    // into the same memory step after step instead of faulting in (and zeroing) fresh pages.
-    // After the last layer the buffers wait through backward for the next step's layer 0
-    // (forward holds two layers at its peak anyway; backward holds the budget and these).
-    spillway::stash_handle save(int scope, std::size_t owner, std::size_t tensor, const std::string& name,
-                                spillway::aligned_buffer& buffer) {
-        const std::size_t cap = buffer.capacity();
-        auto h = stash_->save_and_exchange(desc(scope, owner, tensor, name), buffer);
-        mine_ -= cap;  // the stash owns (and counts) it now
-        if (buffer.data()) {
-            mine_ += buffer.capacity();
-            keep_for_next(tensor, std::move(buffer));
-        }
-        return h;
-    }
-    // Keeps `buffer` (counted in mine_) for the next layer's tensor i; one per tensor is
-    // enough, so the one it replaces is freed.
-    void keep_for_next(std::size_t i, spillway::aligned_buffer&& buffer) {
-        if (next_[i].data()) mine_ -= next_[i].capacity();
-        next_[i] = std::move(buffer);
-    }
-    // The buffer kept for the next layer's tensor i (one is allocated if none was kept).
-    spillway::aligned_buffer& idle_buffer(std::size_t i) {
-        if (!next_[i].data()) {
-            next_[i] = stash_->allocate(bytes_[i]);
-            mine_ += next_[i].capacity();
-        }
-        return next_[i];
-    }
-    void release_layer(layer_state& st) {
-        for (auto& h : st.handles)
-            if (h.valid()) stash_->release(h);
-        st.handles.clear();
-        st.slots.clear();
-        st.loaded = false;
-        for (auto& b : st.buffers) {
-            if (b.data()) {
-                mine_ -= b.capacity();
-                b = spillway::aligned_buffer();
-            }
-        }
-    }
-    // Resident: the stash's buffers (and its arena's slack) and the trainer's own.
+    // Resident: the stash's buffers (and its arena's slack) and the ones held for compute.
     void sample() {
         auto s = stash_->stats();
-        peak_ = std::max(peak_, s.resident_bytes + s.arena_slack_bytes + mine_);
+        peak_ = std::max(peak_, s.resident_bytes + s.arena_slack_bytes + layers_->held_bytes());
     }
     /// Whether tensor i of a layer goes to the stash (else backward recomputes it).
-    bool stored(std::size_t i) const { return !(recompute_ && layer_acts::recomputable(static_cast<int>(i))); }
+    bool stored(int i) const { return !(recompute_ && layer_acts::recomputable(i)); }
 
     gpt2_config config_;
-    std::filesystem::path dir_;                         // <path>/mini_gpt-activations, shared
-    std::optional<spillway::owned_directory> folder_;   // this process's folder in it
+    std::filesystem::path dir_;                        // <path>/mini_gpt-activations, shared
+    std::optional<spillway::owned_directory> folder_;  // this process's folder in it
     spillway::trace::recorder* recorder_;
     spillway::trace::track_id fwd_track_{}, bwd_track_{};
     std::unique_ptr<tier_type> tier_;
     std::unique_ptr<spillway::activation_stash<tier_type>> stash_;
-    std::array<std::size_t, layer_acts::num_tensors> bytes_{};
-    std::vector<layer_state> layers_;
-    std::array<spillway::aligned_buffer, layer_acts::num_tensors> next_;  // given back by saves, for the next layer
-    std::uint64_t version_ = 0;
-    std::size_t mine_ = 0;  // bytes of buffers computed into and not yet handed over
+    std::optional<spillway::layer_stash<tier_type>> layers_;
+    std::vector<const float*>
+        inputs_;  // each layer's input, as forward gave it (layer 0's is the model's)
+    std::vector<std::optional<layer_saved>> loaded_;  // need()'s answer, until backward_done
     bool recompute_;
     std::size_t peak_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s, std::size_t count) {
+std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s,
+                                                    std::size_t count) {
     switch (s.grads) {
-        case grad_dtype::fp32: return std::make_unique<offloaded_optimizer<float>>(s, count);
-        case grad_dtype::bf16: return std::make_unique<offloaded_optimizer<spillway::bfloat16>>(s, count);
-        case grad_dtype::fp16: return std::make_unique<offloaded_optimizer<spillway::float16>>(s, count);
+        case grad_dtype::fp32:
+            return std::make_unique<offloaded_optimizer<float>>(s, count);
+        case grad_dtype::bf16:
+            return std::make_unique<offloaded_optimizer<spillway::bfloat16>>(s, count);
+        case grad_dtype::fp16:
+            return std::make_unique<offloaded_optimizer<spillway::float16>>(s, count);
     }
     throw std::logic_error("make_offloaded_optimizer: unknown grad dtype");
 }

@@ -36,18 +36,19 @@ struct adam_hparams {
 
 struct optimizer_settings {
     adam_hparams adam;
-    std::size_t subgroup = 1 << 16;               // parameters per subgroup
-    int buffers = 4;                              // host buffers of the update pipeline
-    std::vector<std::filesystem::path> paths;     // storage paths (offloaded back end)
-    std::filesystem::path lock_directory;         // node_lock files; empty: the library's default (/dev/shm)
+    std::size_t subgroup = 1 << 16;            // parameters per subgroup
+    int buffers = 4;                           // host buffers of the update pipeline
+    std::vector<std::filesystem::path> paths;  // storage paths (offloaded back end)
+    std::filesystem::path
+        lock_directory;  // node_lock files; empty: the library's default (/dev/shm)
     grad_dtype grads = grad_dtype::fp32;
     /// The offloaded back end's visiting order: alternating (MLP-Offload's; the default) or
     /// ascending every step (then every update, not every other, can run under the next
     /// forward; the resident set is the top subgroups, served at the end of each walk).
     spillway::subgroup_order order = spillway::subgroup_order::alternating;
-    spillway::thread_pool* pool = nullptr;  // the Adam step's threads
+    spillway::thread_pool* pool = nullptr;          // the Adam step's threads
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
-    std::string key_prefix = "optim";             // distinct per process on shared paths
+    std::string key_prefix = "optim";               // distinct per process on shared paths
 };
 
 class optimizer {
@@ -65,7 +66,8 @@ public:
     /// nothing; step() with the same span and scale does not read them for the check again.
     virtual double check(float grad_scale, const grad_span& grads) = 0;
     /// AdamW step t (1-based) with gradients scaled by grad_scale; writes the updated params.
-    virtual void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) = 0;
+    virtual void step(std::int64_t t, float grad_scale, const grad_span& grads,
+                      std::span<float> params) = 0;
     /// Starts reading the state the next step() needs, so that the reads overlap the forward
     /// and backward passes that come first (they need no gradients). Results do not change.
     virtual void prefetch() {}
@@ -89,8 +91,8 @@ public:
     /// until they are final. It checks each subgroup's gradients as it takes them, so it
     /// cannot skip an overflow: an inf or NaN gradient throws spillway::gradient_overflow_error
     /// with part of the parameters updated. Only when next_step_under_backward().
-    virtual void step_under_backward(std::int64_t t, std::span<const float> grads, std::span<float> params,
-                                     spillway::gradient_gate gate) {
+    virtual void step_under_backward(std::int64_t t, std::span<const float> grads,
+                                     std::span<float> params, spillway::gradient_gate gate) {
         (void)t, (void)grads, (void)params, (void)gate;
         throw std::logic_error("optimizer: this back end cannot step under backward");
     }
@@ -119,13 +121,13 @@ struct store_settings {
     std::string key_prefix = "act";                 // distinct per process on shared paths
     spillway::trace::recorder* recorder = nullptr;  // --trace (may be null)
     int first_kept_layer = -1;  // -1: adaptive (TBA's rule); >= L: offload every layer; else fixed
-    std::size_t memory_budget = 0;  // most bytes the stash holds at once; 0: the least it needs (about one layer)
-    bool recompute = true;  // ln1, ln2, att, atty and fch_gelu are recomputed in backward, not stored (layer_acts::recompute)
-    // The stash's writer and reader threads each. Each thread has one tensor in flight, and a
-    // layer's tensors are small (the default config's are 0.5-2 MiB: one or two 1 MiB pieces),
-    // so with one thread the disk sees a queue of one or two: on a 2 GB/s virtual disk the
-    // default config's `all` step took 71-72.5 ms with 1, 67-68 with 2 or 3 (`none` 50-55,
-    // alternated, 2026-12-04).
+    std::size_t memory_budget =
+        0;  // most bytes the stash holds at once; 0: the least it needs (about one layer)
+    bool recompute = true;  // ln1, ln2, att, atty and fch_gelu are recomputed in backward, not
+                            // stored (layer_acts::recompute)
+    // The stash's writer and reader threads each. Each thread has one tensor in flight and a
+    // layer's tensors are small (one or two 1 MiB pieces at the default config), so two
+    // threads keep a queue of several requests at the device.
     std::size_t io_threads = 2;
     // Tensors under 2 MiB come from huge-page slabs shared by many tensors when a layer's
     // buffers fill at least two slabs (below that the slabs' slack would lift the peak more
@@ -136,7 +138,8 @@ std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& confi
                                                         const store_settings& settings);
 
 /// Reads/writes the moments file shared by the back ends: magic, count, m, v.
-void write_moments(const std::filesystem::path& path, std::span<const float> m, std::span<const float> v);
+void write_moments(const std::filesystem::path& path, std::span<const float> m,
+                   std::span<const float> v);
 void read_moments(const std::filesystem::path& path, std::span<float> m, std::span<float> v);
 
 }  // namespace mini_gpt

@@ -11,10 +11,11 @@
 #include <cstdio>
 #include <functional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include <spillway/lock/lock_name.hpp>
+#include <spillway/schedule/shard_range.hpp>
 #include <spillway/spillway.hpp>
 
 #if QUICKSTART_HAVE_MPI
@@ -52,7 +53,8 @@ job start_job(int* argc, char*** argv) {
 /// Every rank gets the element-wise sum of `data` over the ranks.
 void allreduce_sum(std::span<float> data) {
 #if QUICKSTART_HAVE_MPI
-    MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM,
+                  MPI_COMM_WORLD);
 #else
     (void)data;
 #endif
@@ -63,8 +65,8 @@ void allgather(std::span<float> data, const std::vector<int>& offsets) {
 #if QUICKSTART_HAVE_MPI
     std::vector<int> counts(offsets.size() - 1);
     for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = offsets[r + 1] - offsets[r];
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts.data(), offsets.data(), MPI_FLOAT,
-                   MPI_COMM_WORLD);
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts.data(), offsets.data(),
+                   MPI_FLOAT, MPI_COMM_WORLD);
 #else
     (void)data;
     (void)offsets;
@@ -83,11 +85,10 @@ int end_job(int status) {
 
 // [step-4-lock-name-begin]
 /// The lock name of a storage path: the same on every rank that uses that path, so that the
-/// ranks of a node take turns on it. Derived from the path, never from the rank.
+/// ranks of a node take turns on it. Derived from the path, never from the rank: FNV-1a of the
+/// canonical path, the same in every process and build (spillway/lock/lock_name.hpp).
 std::string lock_name(const std::filesystem::path& path) {
-    std::ostringstream name;
-    name << "trainer-" << std::hex << std::hash<std::string>{}(std::filesystem::weakly_canonical(path).string());
-    return name.str();
+    return spillway::path_lock_name(path, "trainer-");
 }
 // [step-4-lock-name-end]
 
@@ -97,28 +98,34 @@ int main(int argc, char** argv) {
     const job world = start_job(&argc, &argv);
     const int rank = world.rank, size = world.size;
     const int status = quickstart::run_main("multi_node", [&] {
-        quickstart::scratch_dir scratch(argc, argv, "multi_node", quickstart::scratch_dir::naming::shared_name);
-        const std::filesystem::path local_root = scratch.path() / "local";    // e.g. /local/nvme0
-        const std::filesystem::path shared_root = scratch.path() / "shared";  // e.g. /lustre/project
+        quickstart::scratch_dir scratch(argc, argv, "multi_node",
+                                        quickstart::scratch_dir::naming::shared_name);
+        const std::filesystem::path local_root = scratch.path() / "local";  // e.g. /local/nvme0
+        const std::filesystem::path shared_root =
+            scratch.path() / "shared";  // e.g. /lustre/project
         const quickstart::linear_model model(std::size_t{1} << 17, 8, 5);
         const std::size_t n = model.param_count();
         std::vector<float> params = model.initial_params(1);
 
         // [step-4-shard-begin]
-        const std::size_t subgroup = 8192, subgroups = (n + subgroup - 1) / subgroup;
-        auto shard_start = [&](int r) { return std::min(n, subgroups * r / size * subgroup); };
-        const std::size_t first = shard_start(rank), count = shard_start(rank + 1) - first;  // whole subgroups
+        const std::size_t subgroup = 8192;
+        auto shard = [&](int r) {
+            return spillway::shard_range(n, r, size, subgroup);
+        };  // whole subgroups
+        const std::size_t first = shard(rank).begin, count = shard(rank).size();
         // [step-4-shard-end]
         std::vector<int> offsets;
-        for (int r = 0; r <= size; ++r) offsets.push_back(static_cast<int>(shard_start(r)));
+        for (int r = 0; r < size; ++r) offsets.push_back(static_cast<int>(shard(r).begin));
+        offsets.push_back(static_cast<int>(n));
 
         // A job killed half-way leaves its blobs behind: start from empty directories.
         for (const auto& root : {local_root, shared_root})
             std::filesystem::remove_all(root / ("rank-" + std::to_string(rank)));
 
         // [step-4-tier-begin]
-        using local_path = spillway::file_tier<>;                              // node-local NVMe
-        using shared_path = spillway::throttled_tier<spillway::file_tier<>>;   // parallel file system
+        using local_path = spillway::file_tier<>;  // node-local NVMe
+        using shared_path =
+            spillway::throttled_tier<spillway::file_tier<>>;  // parallel file system
         using tier_type = spillway::virtual_tier<spillway::node_lock, local_path, shared_path>;
 
         const std::string mine = "rank-" + std::to_string(rank);  // each rank its own files
@@ -129,11 +136,13 @@ int main(int argc, char** argv) {
         tier_options.name = "optimizer";
         tier_options.lock_names = {lock_name(local_root), lock_name(shared_root)};
         tier_options.locks.directory = local_root;  // node-local, shared by the node's ranks
-        const auto pfs_share = spillway::throttle_config::joint({.bytes_per_second = 200e6});  // this rank's cap
-        tier_type tier(tier_options,
-                       spillway::child_args(local_root / mine, spillway::file_tier_options{.name = "local"}),
-                       spillway::child_args(pfs_share, std::in_place, shared_root / mine,
-                                            spillway::file_tier_options{.name = "pfs"}));
+        const auto pfs_share =
+            spillway::throttle_config::joint({.bytes_per_second = 200e6});  // this rank's cap
+        tier_type tier(
+            tier_options,
+            spillway::child_args(local_root / mine, spillway::file_tier_options{.name = "local"}),
+            spillway::child_args(pfs_share, std::in_place, shared_root / mine,
+                                 spillway::file_tier_options{.name = "pfs"}));
         // [step-4-tier-end]
 
         // [step-4-pipeline-begin]
@@ -149,7 +158,8 @@ int main(int argc, char** argv) {
         // [step-4-pipeline-end]
 
         // The data-parallel split of the batch: rank r takes rows [r B / P, (r + 1) B / P).
-        const std::size_t rows_first = model.rows() * rank / size, rows_last = model.rows() * (rank + 1) / size;
+        const std::size_t rows_first = model.rows() * rank / size,
+                          rows_last = model.rows() * (rank + 1) / size;
         auto backward = [&](std::span<const float> w, std::span<float> grad) {
             model.gradient(w, rows_first, rows_last, grad);  // this rank's rows of the batch
             allreduce_sum(grad);                             // the gradients of the whole batch
@@ -160,22 +170,26 @@ int main(int argc, char** argv) {
             // [step-4-loop-begin]
             backward(params, grad);  // every rank gets the gradients of the whole batch
             spillway::narrow(grad, grad_bf16);
-            pipeline.update(std::span(grad_bf16).subspan(first, count), std::span(params).subspan(first, count));
+            pipeline.update(std::span(grad_bf16).subspan(first, count),
+                            std::span(params).subspan(first, count));
             allgather(params, offsets);  // every rank gets every updated shard
             // [step-4-loop-end]
         }
 
         // [step-4-report-begin]
         for (const spillway::child_report& c : tier.report())
-            std::printf("rank %d, path %zu (%s): %zu keys, wrote %llu KiB, %s\n", rank, c.index, c.name.c_str(), c.keys,
+            std::printf("rank %d, path %zu (%s): %zu keys, wrote %llu KiB, %s\n", rank, c.index,
+                        c.name.c_str(), c.keys,
                         static_cast<unsigned long long>(c.moved.bytes_written >> 10),
                         c.health == spillway::child_health::healthy ? "healthy" : c.fault.c_str());
         // [step-4-report-end]
 
-        const std::vector<float> expected = quickstart::train_in_memory(model.initial_params(1), adam, steps, backward);
+        const std::vector<float> expected =
+            quickstart::train_in_memory(model.initial_params(1), adam, steps, backward);
         expect(quickstart::same_bits(params, expected),
                "rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                   ": the sharded, offloaded optimizer gives the same parameter bits as AdamW in memory");
+                   ": the sharded, offloaded optimizer gives the same parameter bits as AdamW in "
+                   "memory");
         expect(model.loss(params) < model.loss(model.initial_params(1)), "the loss falls");
     });
     return end_job(status);

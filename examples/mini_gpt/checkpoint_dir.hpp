@@ -1,0 +1,73 @@
+// examples/mini_gpt/checkpoint_dir.hpp: the resumable save directory (--save, --resume).
+//
+// A save directory holds one folder per save (step-NNNNNNNN/: model.bin in llm.c's format,
+// one optimizer shard folder per rank, train.state) and a file `latest` naming the newest
+// complete one; the folders the trainer creates are 0700 and its files 0600 (the user's
+// alone). Saving, step by step:
+//  1. write everything into step-N.tmp/ (each file fsynced; each rank its own shard);
+//  2. put step-N.tmp/ at step-N/ with spillway::replace_directory (atomic, durable);
+//  3. replace `latest` atomically (write latest.tmp, fsync, rename);
+//  4. remove older step-* folders.
+// A crash anywhere leaves `latest` naming a complete save. train.state formats 1 and 2 both
+// resume; a save is always written in format 2.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpt2.hpp"
+#include "optimizer.hpp"
+#include "trainer.hpp"
+
+namespace mini_gpt {
+
+/// Where a run stands, as train.state records it.
+struct train_state {
+    std::int64_t next_step = 0;   // the step to run next
+    std::int64_t adam_steps = 0;  // AdamW steps applied (skipped overflow steps excluded)
+    float loss_scale = 1.0f;
+    std::int64_t good_steps = 0;  // steps since the loss scale last changed
+    // What the steps ran on (format 2; a format-1 file leaves has_run_shape false). Resuming
+    // with another gradient type would keep a loss scale meant for it, and other data, batch
+    // or sequence length would not replay the same batches: both are refused.
+    bool has_run_shape = false;
+    struct run_shape {
+        std::int32_t grads = 0;  // grad_dtype
+        std::int32_t batch = 0, seq = 0;
+        std::uint64_t tokens = 0;       // tokens in the data
+        std::uint64_t tokens_hash = 0;  // FNV-1a of the tokens
+    } shape;
+};
+
+/// FNV-1a (64-bit) of the tokens' bytes: tells one token stream from another (on resume, and
+/// between ranks).
+std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens);
+
+/// Writes train.state (format 2) atomically; reads format 1 or 2. read_state throws
+/// input_error naming the file when it is truncated, of another format or out of range.
+void write_state(const std::filesystem::path& path, train_state s);
+train_state read_state(const std::filesystem::path& path);
+
+/// The folder name of the save after `step` steps: "step-%08lld".
+std::string step_folder(std::int64_t step);
+
+/// The name of rank `rank`'s optimizer folder in a save: "shard-<rank>-of-<ranks>".
+std::string shard_folder(int rank, int ranks);
+
+/// Saves the run after `steps_done` steps into `save_dir` (the protocol above). Every rank
+/// calls it (collective): each writes its optimizer shard, rank 0 the rest.
+void save_checkpoint(const std::filesystem::path& save_dir, std::int64_t steps_done,
+                     const gpt2& model, optimizer& optim, const train_state& state);
+
+/// Loads the latest save in `dir` (--resume): the model's parameters, this rank's optimizer
+/// shard (whose params are `shard`), and the state, which must have been saved from a run of
+/// the same shape as `state.shape` (checked when the save recorded it); returns the state,
+/// carrying this run's shape. Throws input_error naming the file and the problem.
+train_state resume_checkpoint(const std::filesystem::path& dir, const options& opt,
+                              const std::string& data_name, gpt2& model, optimizer& optim,
+                              std::span<float> shard, const train_state& state);
+
+}  // namespace mini_gpt

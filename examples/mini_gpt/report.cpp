@@ -1,0 +1,195 @@
+// examples/mini_gpt/report.cpp: what a run prints (report.hpp).
+#include "report.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "blas_kernels.hpp"
+#include "dist.hpp"
+
+namespace mini_gpt {
+
+namespace {
+
+const char* dtype_name(grad_dtype d) {
+    switch (d) {
+        case grad_dtype::fp32:
+            return "fp32";
+        case grad_dtype::bf16:
+            return "bf16";
+        case grad_dtype::fp16:
+            return "fp16";
+    }
+    return "?";
+}
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        ++u;
+    }
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << b << " " << units[u];
+    return s.str();
+}
+
+}  // namespace
+
+run_printer::run_printer(const options& opt, std::ostream& out, run_report* report,
+                         const gpt2& model, std::size_t layer_act_bytes)
+    : opt_(opt),
+      out_(out),
+      report_(report),
+      model_(model),
+      layer_act_bytes_(layer_act_bytes),
+      flops_tok_(flops_per_token(model.config(), opt.seq)),
+      first_loss_(NAN),
+      last_loss_(NAN) {}
+
+std::size_t run_printer::all_kept_bytes() const {
+    return layer_act_bytes_ + model_.fixed_activation_bytes();
+}
+
+void run_printer::header(int threads, const std::string& data_name, std::size_t tokens) {
+    if (opt_.json || opt_.quiet) return;
+    const gpt2_config& config = model_.config();
+    out_ << "mini_gpt: L=" << config.num_layers << " C=" << config.channels
+         << " NH=" << config.num_heads << " V=" << config.vocab_size << " (padded "
+         << config.padded_vocab_size << ") maxT=" << config.max_seq_len << ", "
+         << model_.params().size() << " params; B=" << opt_.batch << " T=" << opt_.seq << ", "
+         << dist::size() << " rank(s) x " << threads << " threads, grads " << dtype_name(opt_.grads)
+         << ", offload " << offload_name(opt_.offload) << ", data " << data_name << " (" << tokens
+         << " tokens)\n";
+}
+
+void run_printer::step(const step_result& r) {
+    if (std::isnan(first_loss_)) first_loss_ = r.loss;
+    last_loss_ = r.loss;
+    const double BT = static_cast<double>(opt_.batch) * static_cast<double>(opt_.seq);
+    const double tok_s = BT / (r.step_ms / 1e3);
+    totals_.fwd += r.times.forward_ms;
+    totals_.bwd += r.times.backward_ms;
+    totals_.upd += r.update_ms;
+    totals_.io += r.io_wait_ms;
+    totals_.param_wait += r.times.param_wait_ms;
+    totals_.total += r.step_ms;
+    if (report_) {
+        report_->step_ms.push_back(r.step_ms);
+        report_->cpu_ms.push_back(r.cpu_ms);
+        report_->param_wait_ms.push_back(r.times.param_wait_ms);
+        report_->update_deferred.push_back(r.deferred);
+        report_->update_under_backward.push_back(r.under_backward);
+        report_->forward_ms.push_back(r.times.forward_ms);
+        report_->backward_ms.push_back(r.times.backward_ms);
+        report_->update_ms.push_back(r.update_ms);
+        report_->io_wait_ms.push_back(r.io_wait_ms);
+        report_->act_peak_bytes.push_back(r.act_peak);
+    }
+    if (totals_.steps == 0)
+        totals_.act_peak_first = r.act_peak;
+    else
+        totals_.act_peak = std::max(totals_.act_peak, r.act_peak);
+    ++totals_.steps;
+    if (!r.finite) ++totals_.skipped;
+    if (opt_.json) {
+        // cpu_ms: this process's CPU time in the step, all threads; act_all_kept_bytes:
+        // what keeping every layer's activations would hold (act_peak_bytes' reference);
+        // param_wait_ms: forward waiting for the previous step's deferred update (part of
+        // forward_ms and io_wait_ms); update_deferred: this step's update runs under the
+        // next forward (update_ms is then only the gradient check); update_under_backward:
+        // it ran under this step's backward (update_ms is then what was left after it).
+        char buf[800];
+        std::snprintf(
+            buf, sizeof buf,
+            "{\"step\":%lld,\"loss\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"act_peak_bytes\":%zu,"
+            "\"act_all_kept_bytes\":%zu,\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"update_ms\":%."
+            "3f,"
+            "\"io_wait_ms\":%.3f,\"param_wait_ms\":%.3f,\"update_deferred\":%s,"
+            "\"update_under_backward\":%s,\"comm_ms\":%.3f,"
+            "\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
+            static_cast<long long>(r.step), static_cast<double>(r.loss), r.step_ms, tok_s,
+            r.act_peak, all_kept_bytes(), r.times.forward_ms, r.times.backward_ms, r.update_ms,
+            r.io_wait_ms, r.times.param_wait_ms, r.deferred ? "true" : "false",
+            r.under_backward ? "true" : "false", r.comm_ms, r.cpu_ms,
+            static_cast<double>(r.loss_scale), r.finite ? "false" : "true");
+        out_ << buf << std::flush;
+    } else if (!opt_.quiet) {
+        char buf[256];
+        std::snprintf(
+            buf, sizeof buf,
+            "step %5lld/%d | loss %.4f | %8.0f tok/s | fwd %7.1f bwd %7.1f upd %6.1f io-wait "
+            "%6.1f%s ms%s\n",
+            static_cast<long long>(r.step + 1), opt_.steps, static_cast<double>(r.loss), tok_s,
+            r.times.forward_ms, r.times.backward_ms, r.update_ms, r.io_wait_ms,
+            dist::size() > 1 ? (" comm " + std::to_string(r.comm_ms).substr(0, 6)).c_str() : "",
+            !r.finite          ? " (overflow: step skipped)"
+            : r.deferred       ? " (update under the next forward)"
+            : r.under_backward ? " (update under backward)"
+                               : "");
+        out_ << buf << std::flush;
+    }
+}
+
+void run_printer::summary(const step_runner& steps, const activation_store& store,
+                          const optimizer& optim) {
+    const double BT = static_cast<double>(opt_.batch) * static_cast<double>(opt_.seq);
+    if (report_) {
+        report_->all_kept_bytes = all_kept_bytes();
+        report_->layer_act_bytes = layer_act_bytes_;
+        report_->flops_per_step = flops_tok_ * BT;
+        report_->params = model_.params().size();
+    }
+    if (opt_.json || totals_.steps == 0) return;
+    const double n = totals_.steps;
+    const double tok_s = BT * n / (totals_.total / 1e3);
+    out_ << "\nsummary (" << totals_.steps << " steps, " << totals_.skipped << " skipped)\n";
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  loss            %.4f -> %.4f (%.1f%% lower)\n",
+                  static_cast<double>(first_loss_), static_cast<double>(last_loss_),
+                  100.0 * (1.0 - static_cast<double>(last_loss_ / first_loss_)));
+    out_ << buf;
+    std::snprintf(buf, sizeof buf, "  throughput      %.0f tokens/s, %.2f GFLOP/s (model FLOPs)\n",
+                  tok_s, tok_s * flops_tok_ / 1e9);
+    out_ << buf;
+    out_ << "  matmul          " << blas::describe() << "\n";
+    std::snprintf(
+        buf, sizeof buf,
+        "  ms per step     %.1f total: forward %.1f, backward %.1f, update %.1f, I/O wait %.1f\n",
+        totals_.total / n, totals_.fwd / n, totals_.bwd / n, totals_.upd / n, totals_.io / n);
+    out_ << buf;
+    if (steps.steps_deferred() > 0) {
+        std::snprintf(buf, sizeof buf,
+                      "  deferred update %d of %d updates ran under the next forward; forward "
+                      "waited %.1f ms per "
+                      "step for their parameters\n",
+                      steps.steps_deferred(), totals_.steps - totals_.skipped,
+                      totals_.param_wait / n);
+        out_ << buf;
+    }
+    if (steps.steps_under_backward() > 0) {
+        std::snprintf(buf, sizeof buf,
+                      "  under backward  %d of %d updates ran under their own backward\n",
+                      steps.steps_under_backward(), totals_.steps - totals_.skipped);
+        out_ << buf;
+    }
+    const double all_kept = static_cast<double>(all_kept_bytes());
+    const double peak =
+        static_cast<double>(totals_.steps > 1 ? totals_.act_peak : totals_.act_peak_first);
+    std::snprintf(
+        buf, sizeof buf, "  activations     peak resident %s, all layers kept %s (%.0f%% %s)%s\n",
+        human_bytes(peak).c_str(), human_bytes(all_kept).c_str(),
+        100.0 * std::abs(1.0 - peak / all_kept),
+        peak <= all_kept ? "lower"
+                         : "higher: buffer alignment and the stash's pool at this tiny size",
+        totals_.steps > 1 ? "; after the first step" : "");
+    out_ << buf;
+    out_ << store.report();
+    out_ << optim.report();
+}
+
+}  // namespace mini_gpt

@@ -1,0 +1,50 @@
+// examples/mini_gpt/report.hpp: what a run prints: the header line, one progress line (or,
+// with --json, one JSON object) per step, and the summary table; and the per-step
+// measurements a benchmark asks for (run_report).
+#pragma once
+
+#include <cstddef>
+#include <iosfwd>
+#include <string>
+
+#include "gpt2.hpp"
+#include "step.hpp"
+#include "trainer.hpp"
+
+namespace mini_gpt {
+
+/// Prints a run's lines to `out` (rank 0's stream) and fills `report` (may be null).
+class run_printer {
+public:
+    /// `all_kept_bytes`: activations if every layer were kept in memory (it reads the model's
+    /// own buffers, which the first forward allocates, so it is asked each time).
+    run_printer(const options& opt, std::ostream& out, run_report* report, const gpt2& model,
+                std::size_t layer_act_bytes);
+
+    /// The line before the first step (not with --json or --quiet).
+    void header(int threads, const std::string& data_name, std::size_t tokens);
+    /// One step: the progress line or the JSON object, and the totals.
+    void step(const step_result& r);
+    /// After the last step: fills the run_report's totals, and prints the summary table
+    /// (not with --json) with the store's and the optimizer's reports.
+    void summary(const step_runner& steps, const activation_store& store, const optimizer& optim);
+
+private:
+    [[nodiscard]] std::size_t all_kept_bytes() const;
+
+    const options& opt_;
+    std::ostream& out_;
+    run_report* report_;
+    const gpt2& model_;
+    std::size_t layer_act_bytes_;
+    double flops_tok_;
+    struct totals_t {
+        double fwd = 0, bwd = 0, upd = 0, io = 0, total = 0, param_wait = 0;
+        std::size_t act_peak = 0;        // after the first step (the stash profiles on it)
+        std::size_t act_peak_first = 0;  // the first step
+        int steps = 0, skipped = 0;
+    } totals_;
+    float first_loss_, last_loss_;
+};
+
+}  // namespace mini_gpt
