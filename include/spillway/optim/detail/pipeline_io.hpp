@@ -35,15 +35,16 @@ namespace spillway::detail {
 template <class Tier>
 class piece_io {
 public:
-    piece_io(Tier& tier, std::size_t jobs, std::size_t window) : tier_(tier), jobs_(jobs), window_(window) {}
+    piece_io(Tier& tier, std::size_t jobs, std::size_t window)
+        : tier_(tier), jobs_(jobs), window_(window) {}
     piece_io(const piece_io&) = delete;
     piece_io& operator=(const piece_io&) = delete;
     ~piece_io() { drain(); }
 
     /// Starts moving `bytes` as pieces of `piece_bytes` (piece k under keys[k]) in `dir`.
     /// The caller keeps `keys` and `bytes` alive until the job is taken.
-    void start(std::size_t job, io_direction dir, std::span<const std::string> keys, std::span<std::byte> bytes,
-               std::size_t piece_bytes) {
+    void start(std::size_t job, io_direction dir, std::span<const std::string> keys,
+               std::span<std::byte> bytes, std::size_t piece_bytes) {
         auto& j = jobs_[job];
         j = job_state{};
         j.active = true;
@@ -64,7 +65,9 @@ public:
         const auto& j = jobs_[job];
         return j.active && j.done == j.keys.size();
     }
-    [[nodiscard]] bool idle() const noexcept { return flying_.empty() && waiting_[0].empty() && waiting_[1].empty(); }
+    [[nodiscard]] bool idle() const noexcept {
+        return flying_.empty() && waiting_[0].empty() && waiting_[1].empty();
+    }
 
     /// Ends a finished job (or one never started): returns its first error, if any.
     std::exception_ptr take(std::size_t job) noexcept {
@@ -76,8 +79,10 @@ public:
     /// Completes the pieces that finished, then tops the windows up. Never blocks.
     void poll() {
         for (std::size_t i = 0; i < flying_.size();) {
-            if (flying_[i].op.ready()) complete(i);
-            else ++i;
+            if (flying_[i].op.ready())
+                complete(i);
+            else
+                ++i;
         }
         pump(false);
     }
@@ -86,8 +91,9 @@ public:
     void wait_oldest() {
         if (flying_.empty()) pump(false);
         if (!flying_.empty()) {
-            auto oldest = std::min_element(flying_.begin(), flying_.end(),
-                                           [](const flight& a, const flight& b) { return a.seq < b.seq; });
+            auto oldest =
+                std::min_element(flying_.begin(), flying_.end(),
+                                 [](const flight& a, const flight& b) { return a.seq < b.seq; });
             complete(static_cast<std::size_t>(oldest - flying_.begin()));
         }
         poll();
@@ -143,8 +149,10 @@ private:
         auto piece = j.bytes.subspan(begin, std::min(j.piece_bytes, j.bytes.size() - begin));
         io_completion op;
         try {
-            if (j.dir == io_direction::read) op = tier_.read(j.keys[k], piece);
-            else op = tier_.write(j.keys[k], std::span<const std::byte>(piece));
+            if (j.dir == io_direction::read)
+                op = tier_.read(j.keys[k], piece);
+            else
+                op = tier_.write(j.keys[k], std::span<const std::byte>(piece));
         } catch (...) {
             if (!j.error) j.error = std::current_exception();
             ++j.done;
