@@ -50,14 +50,26 @@ inline void expect_argument(bool cond, std::string_view message) {
 }
 
 /// Renders a byte count for error messages, e.g.\ `bytes_str(4096)` is `"4096 bytes"`.
-inline std::string bytes_str(std::size_t nbytes) { return std::to_string(nbytes) + " bytes"; }
+inline std::string bytes_str(std::size_t nbytes) {
+    return std::to_string(nbytes) + " bytes";
+}
+
+/// Strings longer than this many bytes (the longest file name, so the longest valid key) are
+/// cut in messages by quoted().
+inline constexpr std::size_t quoted_whole_limit = 255;
+/// How many leading bytes quoted() keeps of a string it cuts.
+inline constexpr std::size_t quoted_cut_bytes = 100;
 
 /// Quotes a caller-provided key or name for an error message: `quoted("a")` is `"'a'"`, so
 /// an empty key or one with spaces stays visible in the message. Control bytes (a NUL, a
 /// newline) are written as `\xNN`, so the message stays one line that what() shows whole.
+/// A string longer than quoted_whole_limit (255) bytes, which no valid key is, is cut to its
+/// first 100 bytes: a 5,000-byte key becomes `'kkk...k...' (5000 bytes)`, so what() stays
+/// readable and still says how long the string was.
 inline std::string quoted(std::string_view s) {
+    const bool cut = s.size() > quoted_whole_limit;
     std::string out = "'";
-    for (char c : s) {
+    for (char c : cut ? s.substr(0, quoted_cut_bytes) : s) {
         const auto u = static_cast<unsigned char>(c);
         if (u < 0x20 || u == 0x7f) {
             constexpr char hex[] = "0123456789abcdef";
@@ -68,15 +80,25 @@ inline std::string quoted(std::string_view s) {
             out += c;
         }
     }
-    out += "'";
+    if (cut) {
+        out += "...' (";
+        out += std::to_string(s.size());
+        out += " bytes)";
+    } else {
+        out += "'";
+    }
     return out;
 }
 // Exact-match overloads: an unqualified quoted(str) inside namespace spillway also finds
 // std::quoted (<iomanip>) by argument-dependent lookup; these non-templates win over it.
 /// @copydoc quoted(std::string_view)
-inline std::string quoted(const std::string& s) { return quoted(std::string_view(s)); }
+inline std::string quoted(const std::string& s) {
+    return quoted(std::string_view(s));
+}
 /// @copydoc quoted(std::string_view)
-inline std::string quoted(const char* s) { return quoted(std::string_view(s)); }
+inline std::string quoted(const char* s) {
+    return quoted(std::string_view(s));
+}
 
 /// The same error with `context` put in front of its message, for a layer that adds what it
 /// was doing (a subgroup, a path, a tensor) to an error from the layer below.
@@ -129,7 +151,9 @@ inline std::exception_ptr with_context(std::exception_ptr error, std::string_vie
 /// Validates a key or file name supplied by a caller: non-empty, at most 255 bytes, no '/',
 /// no NUL, and not "." or "..", so that it can never escape the directory it is placed in.
 /// @param key  the caller's key
-/// @param what how the message calls it (`"key"`, `"file name"`, ...)
+/// @param what how the message calls it (`"key"`, `"file name"`, ...); a tier passes
+///             `"<tier name>: key"` so the message says which tier refused it
+/// A key longer than 255 bytes is cut in the message (see quoted()).
 /// @throws std::invalid_argument `"<what> '<key>' <reason>"` when a rule is broken
 inline void validate_key(std::string_view key, std::string_view what = "key") {
     auto fail = [&](std::string_view why) {

@@ -31,11 +31,14 @@ std::size_t occurrences(const std::string& text, const std::string& part) {
 
 TEST_CASE("with_context puts the context first and the errno text once, at the end") {
     const std::system_error inner = caught_system_error(ENOSPC);
-    const std::system_error outer = spillway::with_context(inner, "update_pipeline: write subgroup 3 failed");
+    const std::system_error outer =
+        spillway::with_context(inner, "update_pipeline: write subgroup 3 failed");
     const std::string what = outer.what();
     CHECK(outer.code().value() == ENOSPC);
     CHECK(outer.code().category() == std::generic_category());
-    CHECK(what.rfind("update_pipeline: write subgroup 3 failed: '/data/sg-3': 4096 bytes: pwrite failed", 0) == 0);
+    CHECK(what.rfind(
+              "update_pipeline: write subgroup 3 failed: '/data/sg-3': 4096 bytes: pwrite failed",
+              0) == 0);
     const std::string errno_text = std::generic_category().message(ENOSPC);
     CHECK(occurrences(what, errno_text) == 1);
     CHECK(what.size() >= errno_text.size());
@@ -57,21 +60,25 @@ TEST_CASE("with_context keeps an inner message that does not end with the errno 
 TEST_CASE("with_context on an exception_ptr keeps the kind of error and the errno") {
     auto rethrown = [](std::exception_ptr e) { std::rethrow_exception(e); };
     const auto sys = spillway::with_context(
-        std::make_exception_ptr(std::system_error(EIO, std::generic_category(), "pread")), "read 'k'");
+        std::make_exception_ptr(std::system_error(EIO, std::generic_category(), "pread")),
+        "read 'k'");
     CHECK_THROWS_WITH_AS(rethrown(sys), doctest::Contains("read 'k': pread"), std::system_error);
     try {
         rethrown(sys);
     } catch (const std::system_error& e) {
         CHECK(e.code().value() == EIO);
     }
-    const auto arg = spillway::with_context(std::make_exception_ptr(std::invalid_argument("bad size")), "tier 'x'");
+    const auto arg = spillway::with_context(
+        std::make_exception_ptr(std::invalid_argument("bad size")), "tier 'x'");
     CHECK_THROWS_WITH_AS(rethrown(arg), "tier 'x': bad size", std::invalid_argument);
-    const auto other = spillway::with_context(std::make_exception_ptr(std::out_of_range("gone")), "stash");
+    const auto other =
+        spillway::with_context(std::make_exception_ptr(std::out_of_range("gone")), "stash");
     CHECK_THROWS_WITH_AS(rethrown(other), "stash: gone", std::runtime_error);
     const auto unknown = spillway::with_context(std::make_exception_ptr(42), "stash");
     CHECK_THROWS_WITH_AS(rethrown(unknown), "stash: unknown error", std::runtime_error);
-    CHECK_THROWS_WITH_AS(spillway::rethrow_with_context(std::make_exception_ptr(std::runtime_error("x")), "y"),
-                         "y: x", std::runtime_error);
+    CHECK_THROWS_WITH_AS(
+        spillway::rethrow_with_context(std::make_exception_ptr(std::runtime_error("x")), "y"),
+        "y: x", std::runtime_error);
 }
 
 TEST_CASE("validate_key refuses names that could escape their directory, naming the key") {
@@ -95,4 +102,23 @@ TEST_CASE("quoted keeps a message one whole line: control bytes are written as \
     // The reason for refusing a key with a NUL is not cut off at the NUL.
     CHECK_THROWS_WITH_AS(spillway::validate_key(std::string_view("nul\0byte", 8)),
                          "key 'nul\\x00byte' contains a NUL byte", std::invalid_argument);
+}
+
+TEST_CASE("quoted cuts a string longer than a file name to its first 100 bytes and its size") {
+    const std::string longest(255, 'k');  // the longest valid key stays whole
+    CHECK(spillway::quoted(longest) == "'" + longest + "'");
+    const std::string huge(5000, 'k');
+    CHECK(spillway::quoted(huge) == "'" + std::string(100, 'k') + "...' (5000 bytes)");
+    // The cut counts bytes before escaping: control bytes in the first 100 are still escaped.
+    std::string nul(300, 'x');
+    nul[0] = '\n';
+    CHECK(spillway::quoted(nul) == "'\\x0a" + std::string(99, 'x') + "...' (300 bytes)");
+    try {
+        spillway::validate_key(huge);
+        FAIL("a 5000-byte key was accepted");
+    } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        CHECK(what ==
+              "key '" + std::string(100, 'k') + "...' (5000 bytes) is longer than 255 bytes");
+    }
 }

@@ -9,7 +9,9 @@
 #include "support/temp_dir.hpp"
 
 #include <cstddef>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <random>
 #include <span>
@@ -17,7 +19,9 @@
 #include <system_error>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 using namespace spillway;
 namespace fs = std::filesystem;
@@ -98,4 +102,83 @@ TEST_CASE("replace_directory puts the new directory in place and removes the old
     std::size_t entries = 0;
     for ([[maybe_unused]] auto& e : fs::directory_iterator(dir.path())) ++entries;
     CHECK(entries == 1);  // nothing of the old save is left beside it
+}
+
+namespace {
+/// Runs read_file on `p` in another thread; if it has not returned after 20 s (blocked in
+/// open() on a FIFO), opens the FIFO for writing to free it and reports the hang.
+std::string read_file_error(const fs::path& p, bool& hung) {
+    hung = false;
+    std::vector<std::byte> out(16);
+    auto result = std::async(std::launch::async, [&]() -> std::string {
+        try {
+            read_file(p, out, "test file");
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "(no error)";
+    });
+    if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+        hung = true;
+        int w = ::open(p.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (w >= 0) ::close(w);
+    }
+    return result.get();
+}
+}  // namespace
+
+TEST_CASE("read_file refuses a FIFO, a directory and a device at once, saying what it is") {
+    test::temp_dir dir("durable-special");
+    const auto fifo = dir.path() / "fifo.bin";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    bool hung = false;
+    std::string what = read_file_error(fifo, hung);
+    CHECK_FALSE(hung);
+    CHECK(what.find(fifo.string() + " is a FIFO") != std::string::npos);
+
+    const auto sub = dir.path() / "sub.bin";
+    fs::create_directory(sub);
+    what = read_file_error(sub, hung);
+    CHECK_FALSE(hung);
+    CHECK(what.find(sub.string() + " is a directory") != std::string::npos);
+    CHECK(what.find("4096") == std::string::npos);  // not "truncated, has 4096 bytes"
+
+    what = read_file_error("/dev/null", hung);
+    CHECK(what.find("/dev/null is a character device") != std::string::npos);
+
+    fs::create_symlink(dir.path() / "target", dir.path() / "link");
+    write_file(dir.path() / "target", bytes_of("x"), "test file");
+    what = read_file_error(dir.path() / "link", hung);
+    CHECK(what.find("is a symbolic link") != std::string::npos);
+}
+
+TEST_CASE("open_regular_file returns a blocking descriptor of a regular file, checked by fstat") {
+    test::temp_dir dir("durable-open");
+    const auto p = dir.path() / "f";
+    write_file(p, bytes_of("abc"), "test file");
+    unique_fd fd = open_regular_file(p, "test file");
+    REQUIRE(fd.get() >= 0);
+    CHECK((::fcntl(fd.get(), F_GETFL) & O_NONBLOCK) == 0);
+    CHECK((::fcntl(fd.get(), F_GETFD) & FD_CLOEXEC) != 0);
+    char buf[4] = {};
+    CHECK(::read(fd.get(), buf, 4) == 3);
+    // The stricter rules: a second link is refused when a single link is required.
+    fs::create_hard_link(p, dir.path() / "g");
+    CHECK_NOTHROW(open_regular_file(p, "test file"));
+    try {
+        (void)open_regular_file_at(AT_FDCWD, p.c_str(), O_RDONLY, "test file",
+                                   regular_file_rules{.single_link = true});
+        FAIL("a file with two links was accepted");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == EMLINK);
+        CHECK(std::string(e.what()).find("has 2 hard links") != std::string::npos);
+    }
+    // Missing: ENOENT naming the path.
+    CHECK_THROWS_WITH_AS(open_regular_file(dir.path() / "missing", "test file"),
+                         doctest::Contains("missing"), std::system_error);
+    // A FIFO opened for writing has no reader: refused as a FIFO, not blocked, not ENXIO.
+    REQUIRE(::mkfifo((dir.path() / "fifo").c_str(), 0600) == 0);
+    CHECK_THROWS_WITH_AS(
+        open_regular_file_at(AT_FDCWD, (dir.path() / "fifo").c_str(), O_WRONLY, "test file"),
+        doctest::Contains("is a FIFO"), std::system_error);
 }

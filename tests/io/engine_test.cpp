@@ -58,7 +58,8 @@ std::unique_ptr<Engine> make_engine(io_engine_config config) {
 #if SPILLWAY_HAS_LIBURING
     if constexpr (std::is_same_v<Engine, uring_engine>) {
         if (!uring_probe().available) {
-            MESSAGE("io_uring unavailable here (" << uring_probe().reason << "): uring_engine cases skipped");
+            MESSAGE("io_uring unavailable here (" << uring_probe().reason
+                                                  << "): uring_engine cases skipped");
             return nullptr;
         }
     }
@@ -66,7 +67,20 @@ std::unique_ptr<Engine> make_engine(io_engine_config config) {
     return std::make_unique<Engine>(std::move(config));
 }
 
-std::size_t pieces_of(std::size_t n, std::size_t block) { return (n + block - 1) / block; }
+std::size_t pieces_of(std::size_t n, std::size_t block) {
+    return (n + block - 1) / block;
+}
+
+/// Polls `done` for up to a minute: a bound only a hang reaches, however loaded the machine.
+template <class Pred>
+bool within_a_minute(Pred done) {
+    for (auto end = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+         std::chrono::steady_clock::now() < end;) {
+        if (done()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return done();
+}
 
 }  // namespace
 
@@ -76,7 +90,8 @@ std::size_t pieces_of(std::size_t n, std::size_t block) { return (n + block - 1)
 #define SPILLWAY_ENGINES posix_engine, io_engine
 #endif
 
-TEST_CASE_TEMPLATE("engine round trips of many sizes, split into block-size pieces", Engine, SPILLWAY_ENGINES) {
+TEST_CASE_TEMPLATE("engine round trips of many sizes, split into block-size pieces", Engine,
+                   SPILLWAY_ENGINES) {
     io_engine_config cfg;
     cfg.queue_depth = 8;
     cfg.block_size = 64 * 1024;
@@ -85,8 +100,9 @@ TEST_CASE_TEMPLATE("engine round trips of many sizes, split into block-size piec
     scratch_file f;
     std::uint64_t offset = 0;
     std::size_t expected_pieces = 0;
-    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4095}, std::size_t{4096}, std::size_t{65535},
-                          std::size_t{65536}, std::size_t{65537}, std::size_t{1} << 20, (std::size_t{5} << 20) + 3}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4095}, std::size_t{4096},
+                          std::size_t{65535}, std::size_t{65536}, std::size_t{65537},
+                          std::size_t{1} << 20, (std::size_t{5} << 20) + 3}) {
         CAPTURE(n);
         auto data = test::random_bytes(n, n);
         CHECK(engine->write(f.fd, data, offset, f.path).wait() == n);
@@ -105,7 +121,8 @@ TEST_CASE_TEMPLATE("engine round trips of many sizes, split into block-size piec
     CHECK(engine->read(f.fd, empty, 0, f.path).wait() == 0);
 }
 
-TEST_CASE_TEMPLATE("engine with O_DIRECT moves aligned requests of many sizes", Engine, SPILLWAY_ENGINES) {
+TEST_CASE_TEMPLATE("engine with O_DIRECT moves aligned requests of many sizes", Engine,
+                   SPILLWAY_ENGINES) {
     io_engine_config cfg;
     cfg.queue_depth = 16;
     cfg.block_size = 128 * 1024;
@@ -113,7 +130,8 @@ TEST_CASE_TEMPLATE("engine with O_DIRECT moves aligned requests of many sizes", 
     if (!engine) return;
     scratch_file f(O_DIRECT);
     if (f.fd < 0) {
-        MESSAGE("the file system of the test directory refuses O_DIRECT: O_DIRECT engine case skipped");
+        MESSAGE(
+            "the file system of the test directory refuses O_DIRECT: O_DIRECT engine case skipped");
         return;
     }
     for (std::size_t n : {std::size_t{4096}, std::size_t{128} * 1024, std::size_t{3} << 20, big}) {
@@ -200,7 +218,8 @@ TEST_CASE_TEMPLATE("engine retries short transfers and EAGAIN", Engine, SPILLWAY
     auto engine = make_engine<Engine>(cfg);
     if (!engine) return;
     scratch_file f;
-    for (std::size_t n : {std::size_t{1}, std::size_t{3000}, std::size_t{1} << 20, (std::size_t{2} << 20) + 17}) {
+    for (std::size_t n :
+         {std::size_t{1}, std::size_t{3000}, std::size_t{1} << 20, (std::size_t{2} << 20) + 17}) {
         CAPTURE(n);
         auto data = test::random_bytes(n, 7 * n);
         engine->write(f.fd, data, 5, f.path).wait();
@@ -216,8 +235,8 @@ TEST_CASE_TEMPLATE("engine retries short transfers and EAGAIN", Engine, SPILLWAY
     CHECK(c.short_retries > 0);
 }
 
-TEST_CASE_TEMPLATE("engine errors name the call, the label, the size, the offset and the errno", Engine,
-                   SPILLWAY_ENGINES) {
+TEST_CASE_TEMPLATE("engine errors name the call, the label, the size, the offset and the errno",
+                   Engine, SPILLWAY_ENGINES) {
     io_engine_config cfg;
     cfg.queue_depth = 4;
     cfg.block_size = 4096;
@@ -279,11 +298,14 @@ TEST_CASE_TEMPLATE("engine errors name the call, the label, the size, the offset
         // read() and write() throw from submit(); the handle they made must not wait, as
         // the exception unwinds, for a completion that will never come.
         std::vector<std::byte> back(4096);
-        CHECK_THROWS_WITH_AS(engine->read(f.fd, back, UINT64_MAX - 100, "far-away"),
-                             doctest::Contains("far-away: read of 4096 bytes at offset 18446744073709551515 runs past "
-                                               "the largest file offset"),
-                             std::invalid_argument);
-        CHECK_THROWS_AS(engine->write(f.fd, data, std::uint64_t{1} << 63, "far-away"), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(
+            engine->read(f.fd, back, UINT64_MAX - 100, "far-away"),
+            doctest::Contains(
+                "far-away: read of 4096 bytes at offset 18446744073709551515 runs past "
+                "the largest file offset"),
+            std::invalid_argument);
+        CHECK_THROWS_AS(engine->write(f.fd, data, std::uint64_t{1} << 63, "far-away"),
+                        std::invalid_argument);
     }
     // The engine stays usable after a failed request.
     std::vector<std::byte> back(data.size());
@@ -291,7 +313,8 @@ TEST_CASE_TEMPLATE("engine errors name the call, the label, the size, the offset
     CHECK(back == data);
 }
 
-TEST_CASE_TEMPLATE("destroying an engine waits for every request in flight", Engine, SPILLWAY_ENGINES) {
+TEST_CASE_TEMPLATE("destroying an engine waits for every request in flight", Engine,
+                   SPILLWAY_ENGINES) {
     io_engine_config cfg;
     cfg.queue_depth = 2;
     cfg.block_size = 4096;
@@ -306,8 +329,8 @@ TEST_CASE_TEMPLATE("destroying an engine waits for every request in flight", Eng
         auto engine = make_engine<Engine>(cfg);
         if (!engine) return;
         for (int i = 0; i < 20; ++i)
-            engine->submit({io_op::write, f.fd, data.data(), data.size(), static_cast<std::uint64_t>(i) * data.size(),
-                            f.path},
+            engine->submit({io_op::write, f.fd, data.data(), data.size(),
+                            static_cast<std::uint64_t>(i) * data.size(), f.path},
                            [&](std::size_t n, std::exception_ptr err) {
                                if (!err && n == data.size()) ++done;
                            });
@@ -318,12 +341,15 @@ TEST_CASE_TEMPLATE("destroying an engine waits for every request in flight", Eng
 TEST_CASE("engine configuration is validated eagerly") {
     io_engine_config cfg;
     cfg.queue_depth = 0;
-    CHECK_THROWS_WITH_AS(posix_engine{cfg}, doctest::Contains("queue_depth 0"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(posix_engine{cfg}, doctest::Contains("queue_depth 0"),
+                         std::invalid_argument);
     cfg.queue_depth = 8;
     cfg.block_size = 1000;
-    CHECK_THROWS_WITH_AS(io_engine{cfg}, doctest::Contains("block_size 1000"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(io_engine{cfg}, doctest::Contains("block_size 1000"),
+                         std::invalid_argument);
 #if SPILLWAY_HAS_LIBURING
-    CHECK_THROWS_WITH_AS(uring_engine{cfg}, doctest::Contains("block_size 1000"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(uring_engine{cfg}, doctest::Contains("block_size 1000"),
+                         std::invalid_argument);
 #endif
 }
 
@@ -377,10 +403,13 @@ TEST_CASE("uring_engine retries real short reads from a pipe") {
         // completes the read with what there is), then the other 2000. (Recent kernels wait
         // for data inside io_uring even on O_NONBLOCK pipes, so -EAGAIN is proven with the
         // result filter above, not here.)
+        // Each step waits for the engine's own counters (not a nap that a loaded machine may
+        // outlast): the read is in the kernel before the first bytes come, and the short
+        // read was seen and resubmitted before the rest come.
         auto c = engine.read(p[0], back, 0, "pipe");
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        REQUIRE(within_a_minute([&] { return engine.counters().pieces == 1; }));
         REQUIRE(::write(p[1], data.data(), 1000) == 1000);
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        REQUIRE(within_a_minute([&] { return engine.counters().short_retries >= 1; }));
         REQUIRE(::write(p[1], data.data() + 1000, 2000) == 2000);
         CHECK(c.wait() == data.size());
         CHECK(back == data);
@@ -395,10 +424,12 @@ TEST_CASE("uring_engine retries real short reads from a pipe") {
 
 TEST_CASE("uring_engine with registered files and buffers round-trips, and refuses misuse") {
     if (!uring_probe().available) {
-        MESSAGE("io_uring unavailable here (" << uring_probe().reason << "): registration case skipped");
+        MESSAGE("io_uring unavailable here (" << uring_probe().reason
+                                              << "): registration case skipped");
         return;
     }
-    for (auto reg : {io_registration::files, io_registration::buffers, io_registration::files_and_buffers}) {
+    for (auto reg :
+         {io_registration::files, io_registration::buffers, io_registration::files_and_buffers}) {
         CAPTURE(static_cast<int>(reg));
         io_engine_config cfg;
         cfg.queue_depth = 8;
@@ -435,7 +466,8 @@ TEST_CASE("automatic backend falls back to POSIX when seccomp forbids io_uring_s
     REQUIRE(pid >= 0);
     if (pid == 0) {
         sock_filter filter[] = {
-            {BPF_LD | BPF_W | BPF_ABS, 0, 0, static_cast<std::uint32_t>(offsetof(seccomp_data, nr))},
+            {BPF_LD | BPF_W | BPF_ABS, 0, 0,
+             static_cast<std::uint32_t>(offsetof(seccomp_data, nr))},
             {BPF_JMP | BPF_JEQ | BPF_K, 0, 1, static_cast<std::uint32_t>(__NR_io_uring_setup)},
             {BPF_RET | BPF_K, 0, 0, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)},
             {BPF_RET | BPF_K, 0, 0, SECCOMP_RET_ALLOW},
@@ -463,7 +495,9 @@ TEST_CASE("automatic backend falls back to POSIX when seccomp forbids io_uring_s
 }
 #endif
 
-TEST_CASE("a completion whose every producer copy is gone unfinished fails with ECANCELED instead of hanging") {
+TEST_CASE(
+    "a completion whose every producer copy is gone unfinished fails with ECANCELED instead of "
+    "hanging") {
     io_completion handle;
     {
         completion_source source;

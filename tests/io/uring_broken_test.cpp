@@ -115,10 +115,10 @@ void close_broken(const std::vector<int>& fds) {
     }
 }
 
-/// Polls `done` for up to 10 s.
+/// Polls `done` for up to 60 s (a bound only a hang reaches, however loaded the machine).
 template <class Pred>
 bool eventually(Pred done) {
-    for (auto end = std::chrono::steady_clock::now() + 10s;
+    for (auto end = std::chrono::steady_clock::now() + 60s;
          std::chrono::steady_clock::now() < end;) {
         if (done()) return true;
         std::this_thread::sleep_for(1ms);
@@ -179,6 +179,33 @@ thread_activity activity_of(const std::string& name) {
     return {};
 }
 
+/// The scheduler state ('R' running, 'S' asleep, ...) of this process's threads named
+/// `name`, as one string (one letter each, in /proc order).
+std::string states_of(const std::string& name) {
+    std::string states;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+        std::ifstream comm(task.path() / "comm");
+        std::string n;
+        if (!std::getline(comm, n) || n != name) continue;
+        std::ifstream stat(task.path() / "stat");
+        std::string line;
+        std::getline(stat, line);
+        const auto close = line.rfind(')');
+        if (close != std::string::npos && close + 2 < line.size()) states += line[close + 2];
+    }
+    return states;
+}
+
+/// Waits until every thread named `name` sleeps ('S': a completion thread in io_uring_enter)
+/// instead of trusting a fixed nap to be long enough on a loaded machine. A thread that never
+/// sleeps within 60 s is spinning: false.
+bool asleep_soon(const std::string& name) {
+    return eventually([&] {
+        const auto st = states_of(name);
+        return !st.empty() && st.find_first_not_of('S') == std::string::npos;
+    });
+}
+
 /// A scratch file opened read-write, closed at scope exit.
 struct scratch_file {
     test::temp_dir dir{"uring-broken"};
@@ -225,7 +252,7 @@ TEST_CASE(
         auto before = uring_fds();
         auto engine = std::make_unique<uring_engine>(cfg);
         CHECK(engine->write(f.fd, data, 0, f.path).wait() == data.size());
-        std::this_thread::sleep_for(20ms);  // the completion thread is asleep in io_uring_enter now
+        REQUIRE(asleep_soon("spw-uring"));  // the completion thread is in io_uring_enter now
         auto broken = break_rings(before);
 
         auto w = engine->write(f.fd, data, 0, f.path);
@@ -314,7 +341,7 @@ TEST_CASE(
     REQUIRE(eventually([&] { return engine->counters().pieces == 1; }));
     // This write's submit() takes the lock after the read was handed to the kernel.
     CHECK(engine->write(f.fd, data, 0, f.path).wait() == data.size());
-    std::this_thread::sleep_for(20ms);
+    REQUIRE(asleep_soon("spw-uring"));
     auto broken = break_rings(before);
 
     auto w = engine->write(f.fd, data, 0, f.path);
@@ -342,7 +369,7 @@ TEST_CASE(
     auto before = uring_fds();
     auto a = std::make_unique<uring_engine>();
     CHECK(a->write(f.fd, data, 0, f.path).wait() == data.size());
-    std::this_thread::sleep_for(20ms);  // A's completion thread is asleep in io_uring_enter
+    REQUIRE(asleep_soon("spw-uring"));  // A's completion thread is asleep in io_uring_enter
     std::vector<int> a_fds;
     for (int fd : uring_fds())
         if (std::find(before.begin(), before.end(), fd) == before.end()) a_fds.push_back(fd);
@@ -387,7 +414,7 @@ TEST_CASE(
     REQUIRE(eventually([&] { return engine->counters().pieces == 2; }));
     CHECK(engine->write(f.fd, data, 0, f.path).wait() ==
           data.size());  // both reads are in the kernel now
-    std::this_thread::sleep_for(20ms);
+    REQUIRE(asleep_soon("spw-uring"));
     auto broken = break_rings(before);
     // Nothing submits: the completion thread learns of the break when, after the completion
     // of read A, its next io_uring_wait_cqe fails.
@@ -396,7 +423,12 @@ TEST_CASE(
     CHECK(ina == pa);
     // An engine that retries the failing wait spins: a whole core when idle, a switch per
     // yield when the machine is busy. The completion thread (the only "spw-uring" here) must
-    // sleep.
+    // sleep. The check reads that thread's own counters, not the clock: a sleeping thread
+    // shows no CPU time and a switch per wake-up (its one-second wait timeout), however slow
+    // or busy the machine; the bounds sit far above that and far below a spinner's (0.49 s
+    // of CPU idle, 125 switches beside three busy loops). It first waits until the thread
+    // is asleep, so the work of completing read A is never counted.
+    REQUIRE(asleep_soon("spw-uring"));
     const auto before_nap = activity_of("spw-uring");
     std::this_thread::sleep_for(500ms);
     const auto after_nap = activity_of("spw-uring");

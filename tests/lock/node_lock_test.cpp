@@ -38,7 +38,8 @@ namespace {
 // default), so concurrent test runs never share lock names.
 test::temp_dir lock_dir() {
     std::error_code ec;
-    if (fs::is_directory("/dev/shm", ec)) return test::temp_dir::under("/dev/shm", "spillway-locktest");
+    if (fs::is_directory("/dev/shm", ec))
+        return test::temp_dir::under("/dev/shm", "spillway-locktest");
     return test::temp_dir("spillway-locktest");
 }
 
@@ -84,7 +85,8 @@ struct fork_result {
     std::vector<int> status;  // exit status, or -1 when killed at the deadline
     bool timed_out = false;
 };
-fork_result fork_children(int count, const std::function<int(int)>& fn, std::chrono::seconds limit) {
+fork_result fork_children(int count, const std::function<int(int)>& fn,
+                          std::chrono::seconds limit) {
     std::vector<pid_t> pids;
     for (int i = 0; i < count; ++i) {
         pid_t pid = ::fork();
@@ -109,7 +111,8 @@ fork_result fork_children(int count, const std::function<int(int)>& fn, std::chr
             if (pids[i] == 0) continue;
             int st = 0;
             if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-                r.status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+                r.status[i] =
+                    WIFEXITED(st) ? WEXITSTATUS(st) : 200 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
                 pids[i] = 0;
                 --left;
             }
@@ -150,15 +153,18 @@ TEST_CASE("node_lock: four processes never overlap inside the critical section")
         CAPTURE(static_cast<int>(mech));
         shared_file f(dir.path() / "shared");
         lock_options opts{dir.path()};
-        auto r = fork_children(4, [&](int) {
-            node_lock l("mutex", opts, mech);
-            int overlaps = 0;
-            for (int k = 0; k < kIterations; ++k) {
-                std::scoped_lock g(l);
-                overlaps += critical_section(f, 20);
-            }
-            return overlaps == 0 ? 0 : 1;
-        }, std::chrono::seconds(60));
+        auto r = fork_children(
+            4,
+            [&](int) {
+                node_lock l("mutex", opts, mech);
+                int overlaps = 0;
+                for (int k = 0; k < kIterations; ++k) {
+                    std::scoped_lock g(l);
+                    overlaps += critical_section(f, 20);
+                }
+                return overlaps == 0 ? 0 : 1;
+            },
+            std::chrono::seconds(60));
         CHECK_FALSE(r.timed_out);
         for (int s : r.status) CHECK(s == 0);
         CHECK(f.get(1) == 4 * kIterations);  // no increment lost
@@ -169,18 +175,21 @@ TEST_CASE("the shared-file detector sees overlaps without a lock") {
     // Proves that the check above can fail: the same processes without the lock overlap.
     auto dir = lock_dir();
     shared_file f(dir.path() / "shared");
-    auto r = fork_children(4, [&](int) {
-        int overlaps = 0;
-        for (int k = 0; k < kIterations; ++k) overlaps += critical_section(f, 20);
-        return overlaps == 0 ? 0 : 1;
-    }, std::chrono::seconds(60));
+    auto r = fork_children(
+        4,
+        [&](int) {
+            int overlaps = 0;
+            for (int k = 0; k < kIterations; ++k) overlaps += critical_section(f, 20);
+            return overlaps == 0 ? 0 : 1;
+        },
+        std::chrono::seconds(60));
     REQUIRE_FALSE(r.timed_out);
     int overlapped = 0;
     for (int s : r.status) overlapped += s == 1;
     CHECK((overlapped > 0 || f.get(1) < 4 * kIterations));
 }
 
-TEST_CASE("node_lock: SIGKILL of the holder releases the lock within a second") {
+TEST_CASE("node_lock: SIGKILL of the holder releases the lock, and the waiter gets it") {
     auto dir = lock_dir();
     lock_options opts{dir.path()};
     int held[2], got[2];
@@ -215,14 +224,15 @@ TEST_CASE("node_lock: SIGKILL of the holder releases the lock within a second") 
         ::_exit(1);
     }
     node_lock mine("crash", opts);
-    CHECK_FALSE(mine.try_lock());        // the holder has it
-    CHECK_FALSE(wait_byte(got[0], 200));  // and the waiter is stuck behind it
-    auto t0 = clock_type::now();
+    CHECK_FALSE(mine.try_lock());         // the holder has it
+    CHECK_FALSE(wait_byte(got[0], 200));  // and the waiter is stuck behind it (a slow machine
+                                          // only makes this surer)
+    // The kernel drops the lock with the holder's last descriptor, typically within a
+    // millisecond; the bound is only there to turn a hang (a lock that outlives its holder)
+    // into a failure, so a loaded machine never trips it.
     ::kill(holder, SIGKILL);
-    bool waiter_through = wait_byte(got[0], 1000);
-    double waited = std::chrono::duration<double>(clock_type::now() - t0).count();
+    bool waiter_through = wait_byte(got[0], 60'000);
     CHECK(waiter_through);
-    CHECK(waited < 1.0);
     int st = 0;
     ::waitpid(holder, &st, 0);
     CHECK(WIFSIGNALED(st));
@@ -241,20 +251,24 @@ TEST_CASE("node_lock: no deadlock and no overlap under a try_lock storm") {
     lock_options opts{dir.path()};
     constexpr int kProcs = 4;
     constexpr int kTries = 20 * kIterations;
-    auto r = fork_children(kProcs, [&](int i) {
-        node_lock l("storm", opts);
-        int overlaps = 0;
-        std::int64_t acquired = 0;
-        for (int k = 0; k < kTries; ++k) {
-            bool have = (k % 64 == 63) ? (l.lock(), true) : l.try_lock();  // now and then, block
-            if (!have) continue;
-            overlaps += critical_section(f, 0);
-            ++acquired;
-            l.unlock();
-        }
-        f.set(2 + i, acquired);
-        return overlaps == 0 ? 0 : 1;
-    }, std::chrono::seconds(60));
+    auto r = fork_children(
+        kProcs,
+        [&](int i) {
+            node_lock l("storm", opts);
+            int overlaps = 0;
+            std::int64_t acquired = 0;
+            for (int k = 0; k < kTries; ++k) {
+                bool have =
+                    (k % 64 == 63) ? (l.lock(), true) : l.try_lock();  // now and then, block
+                if (!have) continue;
+                overlaps += critical_section(f, 0);
+                ++acquired;
+                l.unlock();
+            }
+            f.set(2 + i, acquired);
+            return overlaps == 0 ? 0 : 1;
+        },
+        std::chrono::seconds(60));
     CHECK_FALSE(r.timed_out);
     std::int64_t total = 0;
     for (int i = 0; i < kProcs; ++i) {
@@ -348,20 +362,25 @@ TEST_CASE("node_lock: lock files are 0600 regular files, never followed through 
         FAIL("a FIFO was taken for a lock file");
     } catch (const std::system_error& e) {
         CHECK(e.code().value() == EINVAL);
-        const std::string fifo = (dir.path() / "spillway-fifo.lock").string() + " is not a regular file";
+        const std::string fifo = "in " + dir.path().string() + ": spillway-fifo.lock is a FIFO";
         CHECK(std::string(e.what()).find(fifo) != std::string::npos);
     }
     // Names never leave the directory; the message quotes the name and says why.
-    CHECK_THROWS_WITH_AS(node_lock("../escape", opts), doctest::Contains("lock name '../escape' contains '/'"),
+    CHECK_THROWS_WITH_AS(node_lock("../escape", opts),
+                         doctest::Contains("lock name '../escape' contains '/'"),
                          std::invalid_argument);
-    CHECK_THROWS_WITH_AS(node_lock("..", opts), doctest::Contains("lock name '..' is a relative directory name"),
+    CHECK_THROWS_WITH_AS(node_lock("..", opts),
+                         doctest::Contains("lock name '..' is a relative directory name"),
                          std::invalid_argument);
-    CHECK_THROWS_WITH_AS(node_lock("", opts), doctest::Contains("lock name '' is empty"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(node_lock("", opts), doctest::Contains("lock name '' is empty"),
+                         std::invalid_argument);
     // A name that is a valid key but makes "spillway-<name>.lock" too long: the limit is named.
     const std::string long_name(250, 'x');
     const std::string too_long = "lock name '" + long_name + "' is too long";
-    CHECK_THROWS_WITH_AS(node_lock(long_name, opts), doctest::Contains(too_long.c_str()), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(node_lock(long_name, opts), doctest::Contains("would exceed 255 bytes"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(node_lock(long_name, opts), doctest::Contains(too_long.c_str()),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(node_lock(long_name, opts), doctest::Contains("would exceed 255 bytes"),
+                         std::invalid_argument);
     // A missing directory is named in the error.
     try {
         node_lock l("x", lock_options{dir.path() / "missing"});
@@ -386,7 +405,8 @@ TEST_CASE("node_lock: the default directory is node-local and path_locks names t
     fs::remove(def / ("spillway-" + unique + ".lock"));
 
     auto dir = lock_dir();
-    path_locks<node_lock> a("path0", lock_options{dir.path()}), b("path0", lock_options{dir.path()});
+    path_locks<node_lock> a("path0", lock_options{dir.path()}),
+        b("path0", lock_options{dir.path()});
     CHECK(fs::exists(dir.path() / "spillway-path0.read.lock"));
     CHECK(fs::exists(dir.path() / "spillway-path0.write.lock"));
     std::scoped_lock reading(a.read_lock);
@@ -395,7 +415,9 @@ TEST_CASE("node_lock: the default directory is node-local and path_locks names t
     b.write_lock.unlock();
 }
 
-TEST_CASE("node_lock: a lock file deleted or replaced behind its back is opened again, so holders converge") {
+TEST_CASE(
+    "node_lock: a lock file deleted or replaced behind its back is opened again, so holders "
+    "converge") {
     // A holder of the old file and one of a new file under the name would not exclude each
     // other. Each acquisition checks the name still names the file it locked: after the
     // file went, the next acquisition by the old object moves to the new file.
@@ -404,11 +426,14 @@ TEST_CASE("node_lock: a lock file deleted or replaced behind its back is opened 
     node_lock a("replaced", opts);
     REQUIRE(a.try_lock());
     a.unlock();
-    SUBCASE("deleted") { std::filesystem::remove(a.path()); }
+    SUBCASE("deleted") {
+        std::filesystem::remove(a.path());
+    }
     SUBCASE("replaced by another file") {
         std::filesystem::remove(a.path());
         std::ofstream(a.path()) << "";
-        std::filesystem::permissions(a.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+        std::filesystem::permissions(
+            a.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     }
     node_lock b("replaced", opts);  // opens (or creates) the file now under the name
     REQUIRE(b.try_lock());
@@ -432,4 +457,110 @@ TEST_CASE("node_lock: a lock file deleted or replaced behind its back is opened 
     c.unlock();
     t.join();
     CHECK(got.load());
+}
+
+TEST_CASE(
+    "node_lock: lock files stay after use; remove_file removes one only when nobody holds it") {
+    auto dir = lock_dir();
+    lock_options opts{dir.path()};
+    {
+        path_locks<node_lock> p("gone", opts);
+        p.read_lock.lock();
+        p.read_lock.unlock();
+    }
+    // Nobody uses the name any more, and the two files of the path are still there.
+    CHECK(fs::exists(dir.path() / "spillway-gone.read.lock"));
+    CHECK(fs::exists(dir.path() / "spillway-gone.write.lock"));
+    CHECK(remove_path_lock_files("gone", opts));
+    CHECK(fs::is_empty(dir.path()));
+    CHECK(remove_path_lock_files("gone", opts));  // none: nothing to do
+    CHECK(node_lock::remove_file("never-made", opts));
+
+    // Held by an object of this process: left alone; an idle object does not prevent it.
+    node_lock held("held", opts), idle("idle", opts);
+    held.lock();
+    CHECK_FALSE(node_lock::remove_file("held", opts));
+    CHECK(fs::exists(held.path()));
+    CHECK(node_lock::remove_file("idle", opts));
+    CHECK_FALSE(fs::exists(idle.path()));
+    held.unlock();
+    CHECK(node_lock::remove_file("held", opts));
+    // The idle object locks again on a new file under the name (protocol step 3).
+    idle.lock();
+    CHECK(fs::exists(idle.path()));
+    CHECK_FALSE(node_lock::remove_file("idle", opts));
+    idle.unlock();
+
+    // Held by another process: left alone until that process is killed.
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_t holder = ::fork();
+    REQUIRE(holder >= 0);
+    if (holder == 0) {
+        try {
+            node_lock l("other", opts);
+            l.lock();
+            (void)!::write(ready[1], "h", 1);
+            for (;;) ::pause();
+        } catch (...) {
+        }
+        ::_exit(1);
+    }
+    REQUIRE(wait_byte(ready[0], 60'000));
+    CHECK_FALSE(node_lock::remove_file("other", opts));
+    CHECK(fs::exists(dir.path() / "spillway-other.lock"));
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, nullptr, 0);
+    CHECK(node_lock::remove_file("other", opts));
+    CHECK_FALSE(fs::exists(dir.path() / "spillway-other.lock"));
+    ::close(ready[0]);
+    ::close(ready[1]);
+    // A FIFO under the name is refused, not blocked on, and left where it is.
+    REQUIRE(::mkfifo((dir.path() / "spillway-fifo.lock").c_str(), 0600) == 0);
+    CHECK_THROWS_WITH_AS(node_lock::remove_file("fifo", opts), doctest::Contains("is a FIFO"),
+                         std::system_error);
+}
+
+TEST_CASE("node_lock: removing lock files while four processes lock them never lets two overlap") {
+    // Four children take the lock over and over (building a new object now and then, as a
+    // process that starts would) while a fifth removes the file as often as it can. Each
+    // removal races the others' open and lock; the protocol must keep the critical section
+    // exclusive, and no increment may be lost.
+    auto dir = lock_dir();
+    for (auto mech : {lock_mechanism::ofd, lock_mechanism::flock}) {
+        CAPTURE(static_cast<int>(mech));
+        shared_file f(dir.path() / "shared");
+        lock_options opts{dir.path()};
+        auto r = fork_children(
+            5,
+            [&](int i) {
+                if (i == 4) {  // the remover: until the others are done (slot 2 counts them)
+                    std::int64_t removed = 0;
+                    while (f.get(2) < 4)
+                        removed += node_lock::remove_file("churn", opts, mech) ? 1 : 0;
+                    f.set(3, removed);
+                    return 0;
+                }
+                int overlaps = 0;
+                for (int round = 0; round < kIterations / 10; ++round) {
+                    node_lock l("churn", opts, mech);
+                    for (int k = 0; k < 10; ++k) {
+                        std::scoped_lock g(l);
+                        overlaps += critical_section(f, 20);
+                    }
+                }
+                {
+                    node_lock l("done", opts, mech);
+                    std::scoped_lock g(l);
+                    f.set(2, f.get(2) + 1);
+                }
+                return overlaps == 0 ? 0 : 1;
+            },
+            std::chrono::seconds(300));
+        CHECK_FALSE(r.timed_out);
+        for (int s : r.status) CHECK(s == 0);
+        CHECK(f.get(1) == 4 * (kIterations / 10) * 10);  // no increment lost
+        MESSAGE("lock file removed " << f.get(3) << " times while in use");
+        fs::remove(dir.path() / "shared");
+    }
 }

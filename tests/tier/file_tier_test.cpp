@@ -349,7 +349,8 @@ TEST_CASE("file_tier keys never leave the directory; files are 0600 and links ar
     for (std::string bad : std::vector<std::string>{"", "a/b", "..", ".", "../escape",
                                                     ".spillway.tmp.1.2", std::string(256, 'x')}) {
         CAPTURE(bad);
-        const std::string key = "key '" + bad + "' ";  // the message names the key, quoted
+        // The message names the tier and the key, quoted (a key too long cut to 100 bytes).
+        const std::string key = "file: key " + spillway::quoted(bad) + " ";
         CHECK_THROWS_WITH_AS(tier.write(bad, one), doctest::Contains(key.c_str()),
                              std::invalid_argument);
         CHECK_THROWS_WITH_AS(tier.read(bad, one), doctest::Contains(key.c_str()),
@@ -580,5 +581,125 @@ TEST_CASE(
         tier.read("K", back).wait();
         REQUIRE(back == (*size == small.size() ? small : large));
         REQUIRE(tier.used() == *size);
+    }
+}
+
+namespace {
+/// The whole content of `p` as a string.
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST_CASE("file_tier never writes through a hard link: a cp -al snapshot keeps its contents") {
+    // Issue 35: a rewritten key's old file becomes a spare; writing into a spare that has
+    // another link (here the snapshot's) overwrote the snapshot.
+    test::temp_dir root("ft-hardlink");
+    const auto dir = root.path() / "tier", snap = root.path() / "snap";
+    fs::create_directory(dir);
+    const std::string upper(16, 'A'), lower(16, 'a'), other(16, 'B');
+    auto bytes = [](const std::string& s) {
+        return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+    };
+    {
+        file_tier<> tier(dir);
+        tier.write("a", bytes(upper)).wait();
+        fs::create_directory(snap);  // cp -al tier snap
+        for (auto& e : fs::directory_iterator(dir))
+            fs::create_hard_link(e.path(), snap / e.path().filename());
+        tier.write("a", bytes(lower)).wait();  // a's old file (linked from snap) is replaced
+        tier.write("b", bytes(other)).wait();  // may take a spare
+        CHECK(slurp(snap / "a") == upper);
+        CHECK(slurp(dir / "a") == lower);
+        CHECK(slurp(dir / "b") == other);
+        CHECK(no_temporary_files(tier));
+    }
+    // A spare that gains a link after the tier kept it (the snapshot is taken later) is
+    // checked on its descriptor when it is reused, and dropped, never written.
+    fs::remove_all(snap);
+    fs::create_directory(snap);
+    {
+        file_tier<> tier(dir);
+        tier.write("c", bytes(upper)).wait();
+        tier.write("c", bytes(lower)).wait();  // c's first file is now a spare, one link
+        REQUIRE(tier.spare_files_held() == 1);
+        for (auto& e : fs::directory_iterator(dir))
+            fs::create_hard_link(e.path(), snap / e.path().filename());
+        tier.write("d", bytes(other)).wait();
+        for (auto& e : fs::directory_iterator(snap)) {
+            CAPTURE(e.path());
+            const std::string name = e.path().filename().string();
+            if (name.rfind(".spillway.", 0) == 0) CHECK(slurp(e.path()) == upper);
+        }
+        CHECK(slurp(snap / "c") == lower);
+        CHECK(slurp(dir / "d") == other);
+        std::vector<std::byte> back(16);
+        tier.read("d", back).wait();
+        CHECK(std::memcmp(back.data(), other.data(), 16) == 0);
+        CHECK(no_temporary_files(tier));
+    }
+}
+
+TEST_CASE("file_tier: a hard link planted under a key's name is replaced, never written through") {
+    test::temp_dir dir("ft-planted-link");
+    test::temp_dir outside("ft-planted-outside");
+    const auto victim = outside.path() / "victim";
+    std::ofstream(victim) << "untouched";
+    file_tier<> tier(dir.path());
+    std::error_code ec;
+    fs::create_hard_link(victim, dir.path() / "k", ec);
+    if (ec) {
+        MESSAGE("cannot hard-link across these directories (" << ec.message() << "): skipped");
+        return;
+    }
+    // The planted file is not yet a key (the tier indexed the directory before it came);
+    // a new tier finds it, and every rewrite and later write leave the victim alone.
+    file_tier<> again(dir.path());
+    REQUIRE(again.contains("k"));
+    for (int i = 0; i < 4; ++i) {
+        const std::string key = i % 2 ? "k" : "other";
+        again.write(key, test::random_bytes(9, i)).wait();
+    }
+    CHECK(slurp(victim) == "untouched");
+    CHECK(fs::hard_link_count(victim) == 1);  // the tier dropped its link, never wrote it
+}
+
+TEST_CASE("file_tier: a FIFO or a directory under a key's name fails the read, never blocks") {
+    test::temp_dir dir("ft-fifo");
+    file_tier<> tier(dir.path());
+    const std::vector<std::byte> data(10, std::byte{'x'});
+    tier.write("f", data).wait();
+    tier.write("d", data).wait();
+    fs::remove(dir.path() / "f");
+    REQUIRE(::mkfifo((dir.path() / "f").c_str(), 0600) == 0);
+    fs::remove(dir.path() / "d");
+    fs::create_directory(dir.path() / "d");
+    std::vector<std::byte> back(10);
+    // (A blocking open would hang here, inside the tier's lock.)
+    CHECK(message_of(tier.read("f", back)).find("is a FIFO") != std::string::npos);
+    CHECK(message_of(tier.read("d", back)).find("is a directory") != std::string::npos);
+    tier.write("f", data).wait();  // a rewrite replaces the FIFO
+    tier.read("f", back).wait();
+    CHECK(back == data);
+}
+
+TEST_CASE("file_tier key errors name the tier and cut a long key") {
+    test::temp_dir dir("ft-key-errors");
+    file_tier_options o;
+    o.name = "scratch";
+    file_tier<> tier(dir.path(), o);
+    std::vector<std::byte> one(1);
+    CHECK_THROWS_WITH_AS(tier.write("a/b", one), doctest::Contains("scratch: key 'a/b'"),
+                         std::invalid_argument);
+    const std::string huge(5000, 'k');
+    try {
+        tier.write(huge, one).wait();
+        FAIL("a 5000-byte key was accepted");
+    } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        CHECK(what.size() < 400);
+        CHECK(what.find("'" + std::string(100, 'k') + "...' (5000 bytes)") != std::string::npos);
+        CHECK(what.rfind("scratch: ", 0) == 0);
     }
 }

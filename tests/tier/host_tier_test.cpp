@@ -47,3 +47,17 @@ TEST_CASE("host_tier stats count bytes and operations") {
     CHECK(s.reads == 1);
     CHECK(s.failed_reads == 0);
 }
+
+TEST_CASE("host_tier key errors name the tier and cut a long key") {
+    host_tier tier(1000, "ram");
+    std::vector<std::byte> one(1);
+    CHECK_THROWS_WITH_AS(tier.write("a/b", one), doctest::Contains("ram: key 'a/b'"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(tier.read("..", one), doctest::Contains("ram: key '..'"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(tier.erase(""), doctest::Contains("ram: key ''"), std::invalid_argument);
+    const std::string huge(5000, 'k');
+    const std::string cut = "ram: key '" + std::string(100, 'k') + "...' (5000 bytes) is longer";
+    CHECK_THROWS_WITH_AS(tier.write(huge, one), doctest::Contains(cut.c_str()),
+                         std::invalid_argument);
+}

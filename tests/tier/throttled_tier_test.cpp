@@ -1,10 +1,17 @@
 // throttled_tier specifics: the token bucket's timing, scopes, run-time rate changes,
 // shutdown. The shared tier behaviour is in the conformance suite.
+//
+// No check here depends on the machine being fast: a loaded machine only makes operations
+// take longer, so the checks are lower bounds on time (the bucket holds an operation back at
+// least so long), decisions (an operation is not done yet, or is done), and upper bounds
+// only where the wrong behaviour would take hundreds of seconds or for ever; those are
+// within_limit (60 s), which only a hang or an ignored rate change can exceed.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,20 +33,43 @@ double seconds_since(clock_type::time_point t0) {
     return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
+/// The bound for what must happen "at once": far beyond any scheduling delay, far below the
+/// time the wrong behaviour takes (hours at the rates these tests set).
+constexpr std::chrono::seconds within_limit{60};
+
+/// Whether `c` completes within `limit` (polled; the tier's own wait() has no timeout).
+bool ready_within(const io_completion& c, std::chrono::seconds limit = within_limit) {
+    const auto end = clock_type::now() + limit;
+    while (!c.ready()) {
+        if (clock_type::now() > end) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+}
 }  // namespace
 
 TEST_CASE(
     "throttled_tier: a large write returns at once but completes no earlier than the bucket "
     "allows") {
-    // 1 MiB at 5 MB/s with a 64 KiB burst: (1 MiB - 64 KiB) / 5e6 = 197 ms.
-    const double expected = (1.0 * MiB - 64 * KiB) / 5e6;
-    throttled_tier<host_tier> tier(throttle_config::joint({5e6, 64 * KiB}));
+    // The caller is not blocked: at 1 KB/s the write is held back for 17 minutes, and write()
+    // returns at once with a completion that is not ready (run on a thread, so a write()
+    // that blocked fails the check instead of hanging the test).
     auto data = test::random_bytes(MiB, 1);
+    {
+        throttled_tier<host_tier> tier(throttle_config::joint({1e3, 64 * KiB}));
+        auto issued = std::async(std::launch::async, [&] { return tier.write("k", data); });
+        REQUIRE(issued.wait_for(within_limit) == std::future_status::ready);
+        auto c = issued.get();
+        CHECK_FALSE(c.ready());
+        tier.set_rate(bandwidth_limit{1e9, 64 * KiB});
+        CHECK(ready_within(c));
+    }
+    // It completes no earlier than the bucket allows: 1 MiB at 2 MB/s with a 64 KiB burst
+    // takes at least (1 MiB - 64 KiB) / 2e6 = 0.49 s (a slower machine only takes longer).
+    const double expected = (1.0 * MiB - 64 * KiB) / 2e6;
+    throttled_tier<host_tier> tier(throttle_config::joint({2e6, 64 * KiB}));
     auto t0 = clock_type::now();
     auto c = tier.write("k", data);
-    double issue_s = seconds_since(t0);
-    CHECK(issue_s < 0.5 * expected);  // the caller is not blocked by the throttle
-    CHECK_FALSE(c.ready());
     CHECK(c.wait() == MiB);
     double done_s = seconds_since(t0);
     CHECK(done_s >= 0.95 * expected);
@@ -70,29 +100,30 @@ TEST_CASE("throttled_tier: stats report the throttled bandwidth") {
     MESSAGE("throttled write bandwidth / limit = " << s.write_bandwidth() / rate << " ("
                                                    << s.write_bandwidth() / 1e6 << " MB/s against "
                                                    << rate / 1e6 << " MB/s)");
+    // The limit holds (a loaded machine only lowers the bandwidth; no lower bound is checked).
     CHECK(s.write_bandwidth() <= 1.10 * rate);
-    CHECK(s.write_bandwidth() >= 0.50 * rate);  // generous: the machine is shared
+    CHECK(s.write_bandwidth() > 0);
     // The inner tier's own stats count only its copies, which run inside the throttled
-    // intervals: strictly less busy time than the decorated tier shows.
+    // intervals: never more busy time than the decorated tier shows.
     CHECK(tier.inner().stats().bytes_written == s.bytes_written);
-    CHECK(tier.inner().stats().write_busy_seconds < 0.9 * s.write_busy_seconds);
+    CHECK(tier.inner().stats().write_busy_seconds <= s.write_busy_seconds);
 }
 
 TEST_CASE("throttled_tier: separate scope leaves reads free while writes are throttled") {
-    throttled_tier<host_tier> tier(throttle_config::separate({}, {2e6, 4 * KiB}));
+    // The write takes about 17 minutes at 1 KB/s: a read throttled with it never finishes
+    // within the limit, and a read left free finishes at once.
+    throttled_tier<host_tier> tier(throttle_config::separate({}, {1e3, 4 * KiB}));
     auto data = test::random_bytes(MiB, 3);
     tier.inner().write("r", data).wait();
-    auto slow = tier.write("w", data);  // about 0.5 s
+    auto slow = tier.write("w", data);
     std::vector<std::byte> back(MiB);
-    auto t0 = clock_type::now();
-    tier.read("r", back).wait();
-    CHECK(seconds_since(t0) < 0.2);
+    auto read = tier.read("r", back);
+    CHECK(ready_within(read));
+    CHECK(read.wait() == MiB);
     CHECK(back == data);
     CHECK_FALSE(slow.ready());
     tier.set_rate(io_direction::write, {});  // lift the limit: the write finishes promptly
-    t0 = clock_type::now();
-    slow.wait();
-    CHECK(seconds_since(t0) < 0.2);
+    CHECK(ready_within(slow));
 }
 
 TEST_CASE("throttled_tier: joint scope makes reads and writes share one budget") {
@@ -114,22 +145,20 @@ TEST_CASE("throttled_tier: joint scope makes reads and writes share one budget")
 }
 
 TEST_CASE("throttled_tier: set_rate takes effect at once, also for queued operations") {
-    throttled_tier<host_tier> tier(throttle_config::joint({1e6, 4 * KiB}));
+    throttled_tier<host_tier> tier(throttle_config::joint({1e3, 4 * KiB}));
     auto data = test::random_bytes(MiB, 5);
-    auto t0 = clock_type::now();
-    auto c = tier.write("k", data);  // about 1 s at 1 MB/s
+    auto c = tier.write("k", data);  // about 17 minutes at 1 KB/s
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK_FALSE(c.ready());
     tier.set_rate(bandwidth_limit{1e9, 4 * KiB});
+    CHECK(ready_within(c));  // the queued write was released at the new rate
     c.wait();
-    CHECK(seconds_since(t0) < 0.5);
+    auto t0 = clock_type::now();
 
     // Lowering the rate mid-run slows the operations that follow.
     tier.set_rate(bandwidth_limit{1e9, 4 * KiB});
     auto small = test::random_bytes(64 * KiB, 6);
-    t0 = clock_type::now();
     for (int i = 0; i < 4; ++i) tier.write(std::string("a") + std::to_string(i), small).wait();
-    double fast = seconds_since(t0);
     tier.set_rate(bandwidth_limit{2e6, 4 * KiB});
     CHECK(tier.config().read.bytes_per_second == 2e6);
     t0 = clock_type::now();
@@ -137,7 +166,6 @@ TEST_CASE("throttled_tier: set_rate takes effect at once, also for queued operat
     double slow = seconds_since(t0);
     // 4 x 64 KiB at 2 MB/s, less one burst: at least 0.12 s.
     CHECK(slow >= 0.95 * (4.0 * 64 * KiB - 4 * KiB) / 2e6);
-    CHECK(slow > fast);
 }
 
 TEST_CASE("throttled_tier: set_rate from another thread while operations are issued") {
@@ -175,7 +203,7 @@ TEST_CASE("throttled_tier: destruction releases queued operations and waits for 
             ops.push_back(tier.write(std::string("k") + std::to_string(i), data));
         CHECK_FALSE(ops.back().ready());
     }
-    CHECK(seconds_since(t0) < 2.0);
+    CHECK(seconds_since(t0) < within_limit.count());  // not the hours the bucket asked for
     for (auto& c : ops) {
         CHECK(c.ready());
         CHECK(c.wait() == data.size());
@@ -287,11 +315,13 @@ TEST_CASE("throttled_tier composes with faulty_tier in either order") {
 }
 
 namespace {
-/// A host tier whose reads complete `read_delay` after they are issued (a slow device); its
-/// writes complete at once.
+/// A host tier whose reads complete only once open() is called (a device as slow as the test
+/// wants, with no clock involved); its writes complete at once.
 struct slow_read_inner : test::host_tier_wrapper {
-    std::chrono::milliseconds read_delay{400};
+    std::promise<void> gate;
+    std::shared_future<void> opened = gate.get_future().share();
     std::vector<std::thread> pending;
+    void open() { gate.set_value(); }
     ~slow_read_inner() {
         for (auto& t : pending) t.join();
     }
@@ -302,7 +332,7 @@ struct slow_read_inner : test::host_tier_wrapper {
         completion_source source;
         auto handle = source.handle();
         pending.emplace_back([this, source, k = std::string(k), b]() mutable {
-            std::this_thread::sleep_for(read_delay);
+            opened.wait();
             try {
                 source.succeed(inner.read(k, b).wait());
             } catch (...) {
@@ -316,18 +346,17 @@ struct slow_read_inner : test::host_tier_wrapper {
 
 TEST_CASE("throttled_tier: in separate scope a slow inner read never holds up a write") {
     // The release of an operation must not wait for another operation's inner completion:
-    // a write (unlimited here) behind a read whose device takes 400 ms completes at once,
-    // and a write limit is still delivered while slow reads run.
+    // a write (unlimited here) behind a read whose device does not answer until the test
+    // opens it completes all the same.
     throttled_tier<slow_read_inner> t(throttle_config::separate({}, {}), std::in_place);
     std::vector<std::byte> blob(4096, std::byte{1}), back(4096);
     t.write("k", blob).wait();
     auto slow = t.read("k", back);
-    const auto t0 = clock_type::now();
-    t.write("k2", blob).wait();
-    const double write_ms =
-        std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-    CHECK(write_ms < 200.0);
+    auto write = t.write("k2", blob);
+    const bool write_done = ready_within(write);  // (a write held by the read: never)
+    CHECK(write_done);
     CHECK_FALSE(slow.ready());  // the read is still on its device
+    t.inner().open();
     CHECK(slow.wait() == 4096);
     CHECK(back == blob);
 }

@@ -383,3 +383,23 @@ TEST_CASE(
     CHECK(failures.load() == 0);
     check_saved(path, rec);
 }
+
+TEST_CASE("save replaces a hard or symbolic link at the path, never writing through it") {
+    spillway::test::temp_dir dir("trace-links");
+    tr::recorder rec;
+    add_one_span(rec);
+    const auto outside = dir.path() / "outside.json";
+    { std::ofstream(outside) << "keep"; }
+    const auto hard = dir.path() / "hard.json", soft = dir.path() / "soft.json";
+    std::filesystem::create_hard_link(outside, hard);
+    std::filesystem::create_symlink(outside, soft);
+    rec.save(hard);
+    rec.save(soft);
+    check_saved(hard, rec);
+    check_saved(soft, rec);
+    CHECK(std::filesystem::is_regular_file(std::filesystem::symlink_status(soft)));
+    std::ifstream in(outside);
+    std::string content;
+    in >> content;
+    CHECK(content == "keep");
+}

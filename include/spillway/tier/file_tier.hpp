@@ -10,18 +10,32 @@
 //   EINVAL), the tier uses buffered I/O and says why in direct_io_note();
 //   direct_io_mode::required throws instead.
 // - Files are created mode 0600 with O_CREAT|O_EXCL|O_CLOEXEC|O_NOFOLLOW and opened with
-//   O_NOFOLLOW; keys pass validate_key() (no '/', no "..") and may not start with the
-//   reserved prefix ".spillway.", so no key names anything outside the directory or
-//   collides with the tier's own temporary files.
+//   O_NOFOLLOW|O_NONBLOCK; keys pass validate_key() (no '/', no "..") and may not start
+//   with the reserved prefix ".spillway.", so no key names anything outside the directory
+//   or collides with the tier's own temporary files. Key errors name the tier.
+// - Nothing outside the directory is ever written through a link. The tier writes in place
+//   only into a file it reuses (a spare, step 2), and only after fstat() on the open
+//   descriptor shows a regular file of this user with exactly one link; a spare that fails
+//   (a `cp -al` snapshot of the directory, a link made to it since) is unlinked from the
+//   directory, never written, and a new temporary file is used. A key's own file is never
+//   written in place: a link planted under a key's name is replaced by the exchange of step
+//   4 (and then dropped as above), a symbolic link likewise (O_NOFOLLOW).
+// - Reads open the key's file with O_NONBLOCK and fstat() the descriptor: a FIFO, a device
+//   or a directory put under a key's name fails the read (naming what it is), never blocks
+//   it. A key's file that has other hard links is read like any other: whether a file
+//   linked from outside may be read as a key is the caller's choice (it is the caller who
+//   planted or allowed the link); the tier only guarantees that it never writes it.
 // - Any size round-trips exactly, from any caller buffer. With O_DIRECT the 4 KiB-aligned
 //   body of a blob moves straight from or to the caller's buffer when that buffer is 4 KiB
 //   aligned, else through an aligned bounce buffer; the tail (size % 4096 bytes) moves
 //   through a second, buffered descriptor. Files hold exactly the blob's bytes.
 // - Write protocol (a failed rewrite leaves the previous blob intact):
 //   1. reserve the size against the capacity (ENOSPC when it would not fit);
-//   2. take a spare file (one a rewrite replaced; see file_tier_options::spare_files) and
-//      resize it, or create a temporary file ".spillway.tmp.<pid>.<n>.<host>" and fallocate it to
-//      the size (so a full disk fails here, early, and direct writes never extend a file);
+//   2. take a spare file (one a rewrite replaced; see file_tier_options::spare_files), open
+//      it (O_NONBLOCK|O_NOFOLLOW), check the descriptor (regular, owned by this user, one
+//      link; else unlink the name and take no spare) and resize it, or create a temporary file
+//      ".spillway.tmp.<pid>.<n>.<host>" and fallocate it to the size (so a full disk fails here,
+//      early, and direct writes never extend a file);
 //   3. write body and tail through the engine, concurrently;
 //   4. on success, under the tier's lock, exchange the temporary file with the key's file
 //      (renameat2 RENAME_EXCHANGE; a plain rename when the key had no file) and account
@@ -60,7 +74,6 @@
 #include <vector>
 
 #include <dirent.h>
-#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/stat.h>
@@ -68,99 +81,13 @@
 
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
+#include "spillway/io/durable_file.hpp"
 #include "spillway/io/io_engine.hpp"
+#include "spillway/tier/detail/file_helpers.hpp"
+#include "spillway/tier/file_tier_options.hpp"
 #include "spillway/tier/storage_tier.hpp"
 
 namespace spillway {
-
-/// Whether a file tier uses O_DIRECT.
-enum class direct_io_mode {
-    /// O_DIRECT when the file system allows it (probed at construction, e.g.\ refused on
-    /// tmpfs), else buffered I/O; file_tier::direct_io() says which was chosen.
-    automatic,
-    /// O_DIRECT or a std::system_error at construction naming the directory.
-    required,
-    /// Buffered I/O through the page cache.
-    off,
-};
-
-/// Settings of a file_tier.
-struct file_tier_options {
-    /// The most bytes of blobs held at once (unbounded by default).
-    std::size_t capacity = std::numeric_limits<std::size_t>::max();
-    /// Whether transfers use O_DIRECT (see direct_io_mode).
-    direct_io_mode direct_io = direct_io_mode::automatic;
-    /// Settings of the tier's engine (queue depth, block size, ...).
-    io_engine_config engine{};
-    /// Which engine file_tier<io_engine> uses; ignored by the fixed-engine tiers.
-    io_backend backend = io_backend::automatic;
-    /// The tier's name in messages and reports.
-    std::string name = "file";
-    /// Files that rewrites replaced, kept (under reserved names) to be written again by
-    /// later writes instead of creating new files: their blocks are allocated and written
-    /// already, so O_DIRECT overwrites them at full speed, while ext4 and XFS write
-    /// freshly allocated blocks markedly slower (unwritten-extent conversion, and freeing
-    /// the replaced file's blocks). Costs up to this many replaced blobs of disk space
-    /// (not counted in used()); removed when the tier is destroyed. 0: no recycling.
-    std::size_t spare_files = 2;
-};
-
-namespace detail {
-/// Closes a descriptor at scope exit unless released.
-class unique_fd {
-public:
-    unique_fd() = default;
-    explicit unique_fd(int fd) noexcept : fd_(fd) {}
-    unique_fd(unique_fd&& o) noexcept : fd_(o.release()) {}
-    unique_fd& operator=(unique_fd&& o) noexcept {
-        if (this != &o) {
-            reset();
-            fd_ = o.release();
-        }
-        return *this;
-    }
-    unique_fd(const unique_fd&) = delete;
-    unique_fd& operator=(const unique_fd&) = delete;
-    ~unique_fd() { reset(); }
-    [[nodiscard]] int get() const noexcept { return fd_; }
-    int release() noexcept { return std::exchange(fd_, -1); }
-    void reset() noexcept {
-        if (fd_ >= 0) ::close(fd_);
-        fd_ = -1;
-    }
-
-private:
-    int fd_ = -1;
-};
-
-/// Numbers the temporary and probe files of every file tier in this process.
-inline std::atomic<std::uint64_t>& file_tier_counter() noexcept {
-    static std::atomic<std::uint64_t> counter{0};
-    return counter;
-}
-
-/// This host's name (gethostname), or "unknown-host"; read once.
-inline const std::string& host_name() {
-    static const std::string name = [] {
-        char buf[256] = {};
-        if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0')
-            return std::string("unknown-host");
-        std::string n(buf);
-        for (char& c : n)
-            if (c == '/') c = '_';
-        return n;
-    }();
-    return name;
-}
-
-/// "<prefix><kind><pid>.<n>.<host>": unique on a directory shared by several hosts, whose
-/// processes may have the same id.
-inline std::string file_tier_temp_name(std::string_view prefix, std::string_view kind) {
-    return std::string(prefix) + std::string(kind) + std::to_string(::getpid()) + "." +
-           std::to_string(file_tier_counter().fetch_add(1, std::memory_order_relaxed)) + "." +
-           host_name();
-}
-}  // namespace detail
 
 /// A storage_tier in a directory, one file per key, moved by `Engine` (io_engine picks
 /// io_uring or POSIX at run time); see the guarantees at the top of this header.
@@ -187,9 +114,7 @@ public:
           max_spares_(options.spare_files) {
         options.engine.validate();
         int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0)
-            throw_system_error(errno, "open",
-                               name_ + ": directory " + spillway::quoted(dir_.string()));
+        if (fd < 0) throw_system_error(errno, "open", name_ + ": directory " + dir_.string());
         dirfd_ = detail::unique_fd(fd);
         probe(options.direct_io);
         scan();
@@ -244,10 +169,9 @@ public:
                 src = op->bounce.data();
             }
             if (tail > 0 && direct_) {
-                int tfd =
-                    ::openat(dirfd_.get(), op->tmp.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
-                if (tfd < 0) throw_system_error(errno, "openat", op->label);
-                op->tail_fd = detail::unique_fd(tfd);
+                op->tail_fd =
+                    open_regular_file_at(dirfd_.get(), op->tmp.c_str(), O_WRONLY, op->label);
+                same_file(op->fd.get(), op->tail_fd.get(), op->label);
             }
             completion_source source = op->source;
             auto handle = source.handle();
@@ -312,22 +236,21 @@ public:
                     throw std::invalid_argument(describe("read", key, n) + " into a buffer of " +
                                                 bytes_str(n) + ", but the blob has " +
                                                 bytes_str(it->second));
-                int fd = ::openat(dirfd_.get(), op->key.c_str(),
-                                  O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
-                if (fd < 0) {
-                    int err = errno;
-                    if (err == ENOENT) {
-                        used_ -= it->second;
-                        index_.erase(it);
-                        throw_system_error(
-                            err, "openat",
-                            op->label + " (the file was deleted behind the tier's back)");
-                    }
-                    throw_system_error(err, "openat", op->label);
+                // O_NONBLOCK and the check of the descriptor: a FIFO planted under the key's
+                // name fails here, instead of blocking (under the lock) for ever.
+                try {
+                    op->fd = open_regular_file_at(dirfd_.get(), op->key.c_str(),
+                                                  O_RDONLY | (direct_ ? O_DIRECT : 0), op->label);
+                } catch (const std::system_error& e) {
+                    if (e.code().value() != ENOENT) throw;
+                    used_ -= it->second;
+                    index_.erase(it);
+                    throw_system_error(
+                        ENOENT, "openat",
+                        op->label + " (the file was deleted behind the tier's back)");
                 }
-                op->fd = detail::unique_fd(fd);
                 struct stat st {};
-                if (::fstat(fd, &st) != 0) throw_system_error(errno, "fstat", op->label);
+                if (::fstat(op->fd.get(), &st) != 0) throw_system_error(errno, "fstat", op->label);
                 if (static_cast<std::uint64_t>(st.st_size) != n)
                     throw std::system_error(EIO, std::generic_category(),
                                             op->label + ": the file has " +
@@ -335,10 +258,9 @@ public:
                                                 " but the tier stored " + bytes_str(n) +
                                                 " (truncated or changed behind the tier's back)");
                 if (direct_ && n % block != 0) {
-                    int tfd =
-                        ::openat(dirfd_.get(), op->key.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-                    if (tfd < 0) throw_system_error(errno, "openat", op->label);
-                    op->tail_fd = detail::unique_fd(tfd);
+                    op->tail_fd =
+                        open_regular_file_at(dirfd_.get(), op->key.c_str(), O_RDONLY, op->label);
+                    same_file(op->fd.get(), op->tail_fd.get(), op->label);
                 }
                 ++pending_;
                 ++readers_[op->key];
@@ -457,6 +379,10 @@ private:
         bool reserved = false;
         bool created = false;
     };
+    struct spare {
+        std::string name;
+        std::size_t size = 0;
+    };
     struct read_op : op_base {
         std::byte* dest = nullptr;
         std::size_t body = 0;
@@ -468,8 +394,23 @@ private:
                bytes_str(n) + ") at " + (dir_ / std::string(key)).string();
     }
 
+    // The two descriptors of one transfer (body and tail) hold one file: a name swapped
+    // between the two opens fails the operation instead of mixing two files.
+    static void same_file(int a, int b, const std::string& label) {
+        struct stat sa {};
+        struct stat sb {};
+        if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) throw_system_error(errno, "fstat", label);
+        if (sa.st_dev != sb.st_dev || sa.st_ino != sb.st_ino)
+            throw std::system_error(EIO, std::generic_category(),
+                                    label + ": the file was replaced behind the tier's back");
+    }
+
     void check_key(std::string_view key) const {
-        validate_key(key);
+        try {
+            validate_key(key);
+        } catch (const std::invalid_argument& e) {  // (the tier's name only when it fails)
+            throw std::invalid_argument(name_ + ": " + e.what());
+        }
         if (key.substr(0, reserved_prefix.size()) == reserved_prefix)
             throw std::invalid_argument(
                 name_ + ": key " + spillway::quoted(key) + " starts with the reserved prefix " +
@@ -495,24 +436,7 @@ private:
                 spares_.erase(best);
             }
         }
-        if (reuse) {
-            op.tmp = std::move(reuse->name);
-            op.created = true;  // from here on a failure unlinks it
-            op.label =
-                describe("write", key, n) + " (temporary file " + (dir_ / op.tmp).string() + ")";
-            int fd = ::openat(dirfd_.get(), op.tmp.c_str(),
-                              O_WRONLY | O_CLOEXEC | O_NOFOLLOW | (direct_ ? O_DIRECT : 0));
-            if (fd < 0) throw_system_error(errno, "openat", op.label);
-            op.fd = detail::unique_fd(fd);
-            if (reuse->size > n) {
-                if (::ftruncate(fd, static_cast<off_t>(n)) != 0)
-                    throw_system_error(errno, "ftruncate", op.label);
-            } else if (reuse->size < n) {
-                if (::fallocate(fd, 0, 0, static_cast<off_t>(n)) != 0 && errno != EOPNOTSUPP)
-                    throw_system_error(errno, "fallocate", op.label);
-            }
-            return;
-        }
+        if (reuse && reuse_spare(op, key, std::move(*reuse))) return;
         op.tmp = detail::file_tier_temp_name(reserved_prefix, "tmp.");
         op.label = describe("write", key, n) + " (temporary file " + (dir_ / op.tmp).string() + ")";
         int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW;
@@ -522,6 +446,36 @@ private:
         op.created = true;
         if (n > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(n)) != 0 && errno != EOPNOTSUPP)
             throw_system_error(errno, "fallocate", op.label);
+    }
+
+    // Step 2 with a spare: opens it and checks the descriptor (a regular file of this user
+    // with one link: nothing outside the directory shares it), then resizes it. A spare that
+    // fails the check, or cannot be opened, is unlinked from the directory (the other names
+    // keep their contents) and false returned: the caller creates a new file.
+    bool reuse_spare(write_op& op, std::string_view key, spare reuse) {
+        const std::size_t n = op.nbytes;
+        detail::unique_fd fd;
+        try {
+            fd = open_regular_file_at(
+                dirfd_.get(), reuse.name.c_str(), O_WRONLY | (direct_ ? O_DIRECT : 0),
+                name_ + ": spare file",
+                regular_file_rules{.owned_by_user = true, .single_link = true});
+        } catch (const std::system_error&) {
+            ::unlinkat(dirfd_.get(), reuse.name.c_str(), 0);
+            return false;
+        }
+        op.tmp = std::move(reuse.name);
+        op.created = true;  // from here on a failure unlinks it
+        op.label = describe("write", key, n) + " (temporary file " + (dir_ / op.tmp).string() + ")";
+        op.fd = std::move(fd);
+        if (reuse.size > n) {
+            if (::ftruncate(op.fd.get(), static_cast<off_t>(n)) != 0)
+                throw_system_error(errno, "ftruncate", op.label);
+        } else if (reuse.size < n) {
+            if (::fallocate(op.fd.get(), 0, 0, static_cast<off_t>(n)) != 0 && errno != EOPNOTSUPP)
+                throw_system_error(errno, "fallocate", op.label);
+        }
+        return true;
     }
 
     // Step 4 of the write protocol: the temporary file takes the key's name. When the key
@@ -541,8 +495,8 @@ private:
                 struct stat st {};
                 bool keep =
                     ::fstatat(dirfd_.get(), op.tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                    S_ISREG(st.st_mode) && !readers_.contains(op.key) &&
-                    spares_.size() < max_spares_;
+                    S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == ::geteuid() &&
+                    !readers_.contains(op.key) && spares_.size() < max_spares_;
                 if (keep)
                     spares_.push_back({op.tmp, static_cast<std::size_t>(st.st_size)});
                 else
@@ -640,9 +594,8 @@ private:
         int fd = ::openat(dirfd_.get(), probe_name.c_str(),
                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0)
-            throw_system_error(
-                errno, "openat",
-                name_ + ": directory " + spillway::quoted(dir_.string()) + " is not writable");
+            throw_system_error(errno, "openat",
+                               name_ + ": directory " + dir_.string() + " is not writable");
         ::close(fd);
         struct unlink_probe {
             int dirfd;
@@ -677,45 +630,23 @@ private:
                                     name_ + ": O_DIRECT is required but " + direct_note_);
     }
 
-    // Removes ".spillway.tmp.<pid>.<n>.<host>" and ".spillway.probe.<pid>.<n>.<host>" files
-    // left by a process of this host that no longer exists (a crash mid-write, or spares never
-    // cleaned up). Another host's files are left alone: its process ids mean nothing here, and
-    // its tier may be running (a directory on a shared file system). Names without a host
-    // part are judged by the process id alone.
-    void remove_if_orphaned(std::string_view n) {
-        for (std::string_view kind : {std::string_view("tmp."), std::string_view("probe.")}) {
-            std::string_view rest = n.substr(reserved_prefix.size());
-            if (rest.substr(0, kind.size()) != kind) continue;
-            rest.remove_prefix(kind.size());
-            const auto pid_end = rest.find('.');
-            long pid = std::strtol(std::string(rest.substr(0, pid_end)).c_str(), nullptr, 10);
-            const auto counter_end =
-                pid_end == std::string_view::npos ? pid_end : rest.find('.', pid_end + 1);
-            const bool this_host = counter_end == std::string_view::npos ||
-                                   rest.substr(counter_end + 1) == detail::host_name();
-            if (this_host && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-                ::unlinkat(dirfd_.get(), std::string(n).c_str(), 0);
-        }
-    }
-
     // Rebuilds the index from the regular files in the directory.
     void scan() {
         int fd = ::openat(dirfd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0)
-            throw_system_error(errno, "openat",
-                               name_ + ": directory " + spillway::quoted(dir_.string()));
+        if (fd < 0) throw_system_error(errno, "openat", name_ + ": directory " + dir_.string());
         DIR* d = ::fdopendir(fd);
         if (!d) {
             int err = errno;
             ::close(fd);
-            throw_system_error(err, "fdopendir",
-                               name_ + ": directory " + spillway::quoted(dir_.string()));
+            throw_system_error(err, "fdopendir", name_ + ": directory " + dir_.string());
         }
         while (dirent* e = ::readdir(d)) {
             std::string_view n(e->d_name);
             if (n == "." || n == "..") continue;
             if (n.substr(0, reserved_prefix.size()) == reserved_prefix) {
-                remove_if_orphaned(n);
+                // (Temporary files of a dead process of this host; see file_helpers.hpp.)
+                if (detail::file_tier_orphan(n, reserved_prefix))
+                    ::unlinkat(dirfd_.get(), e->d_name, 0);
                 continue;
             }
             struct stat st {};
@@ -736,10 +667,6 @@ private:
     std::string direct_note_;
     mutable std::mutex mutex_;
     std::condition_variable idle_cv_;
-    struct spare {
-        std::string name;
-        std::size_t size = 0;
-    };
     std::unordered_map<std::string, std::size_t> index_;
     std::unordered_map<std::string, unsigned> readers_;  // reads in flight per key
     std::vector<spare> spares_;

@@ -29,12 +29,14 @@ namespace spillway {
 class host_tier {
 public:
     /// Volatile host memory, no page cache involved.
-    static constexpr tier_properties properties{.persistent = false, .direct_io = false, .host_accessible = true};
+    static constexpr tier_properties properties{
+        .persistent = false, .direct_io = false, .host_accessible = true};
 
     /// An empty tier.
     /// @param capacity the most bytes of blobs held at once (unbounded by default)
     /// @param name     the name used in error messages and reports
-    explicit host_tier(std::size_t capacity = std::numeric_limits<std::size_t>::max(), std::string name = "host")
+    explicit host_tier(std::size_t capacity = std::numeric_limits<std::size_t>::max(),
+                       std::string name = "host")
         : capacity_(capacity), name_(std::move(name)) {}
     /// Owns its blobs: not copyable.
     host_tier(const host_tier&) = delete;
@@ -47,9 +49,9 @@ public:
     /// size, the capacity and the bytes used, when the blob would not fit (the old blob of
     /// `key` stays); std::bad_alloc when the copy cannot be allocated.
     /// @return a ready completion: the size, or the error
-    /// @throws std::invalid_argument at once for a bad key (see validate_key())
+    /// @throws std::invalid_argument at once for a bad key (see validate_key()), naming the tier
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         stats_.begin(io_direction::write);
         std::exception_ptr error;
         try {
@@ -59,13 +61,16 @@ public:
             std::size_t old = it == blobs_.end() ? 0 : it->second->size();
             if (used_ - old + bytes.size() > capacity_) {
                 throw std::system_error(ENOSPC, std::generic_category(),
-                                        name_ + ": write of key " + quoted(key) + " (" + bytes_str(bytes.size()) +
-                                            ") exceeds the capacity of " + bytes_str(capacity_) + " (" +
-                                            bytes_str(used_) + " used)");
+                                        name_ + ": write of key " + quoted(key) + " (" +
+                                            bytes_str(bytes.size()) + ") exceeds the capacity of " +
+                                            bytes_str(capacity_) + " (" + bytes_str(used_) +
+                                            " used)");
             }
             used_ = used_ - old + bytes.size();
-            if (it == blobs_.end()) blobs_.emplace(std::string(key), std::move(blob));
-            else it->second = std::move(blob);
+            if (it == blobs_.end())
+                blobs_.emplace(std::string(key), std::move(blob));
+            else
+                it->second = std::move(blob);
         } catch (...) {
             error = std::current_exception();
         }
@@ -79,9 +84,9 @@ public:
     /// for a missing key; std::invalid_argument naming the key and both sizes for a buffer
     /// of the wrong size (the buffer is left as it was).
     /// @return a ready completion: the size, or the error
-    /// @throws std::invalid_argument at once for a bad key (see validate_key())
+    /// @throws std::invalid_argument at once for a bad key (see validate_key()), naming the tier
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         stats_.begin(io_direction::read);
         std::exception_ptr error;
         try {
@@ -90,13 +95,15 @@ public:
                 std::lock_guard lock(mutex_);
                 auto it = blobs_.find(std::string(key));
                 if (it == blobs_.end())
-                    throw std::system_error(ENOENT, std::generic_category(),
-                                            name_ + ": read of key " + quoted(key) + ": no such key");
+                    throw std::system_error(
+                        ENOENT, std::generic_category(),
+                        name_ + ": read of key " + quoted(key) + ": no such key");
                 blob = it->second;
             }
             if (blob->size() != bytes.size())
-                throw std::invalid_argument(name_ + ": read of key " + quoted(key) + " into a buffer of " +
-                                            bytes_str(bytes.size()) + ", but the blob has " + bytes_str(blob->size()));
+                throw std::invalid_argument(name_ + ": read of key " + quoted(key) +
+                                            " into a buffer of " + bytes_str(bytes.size()) +
+                                            ", but the blob has " + bytes_str(blob->size()));
             if (!bytes.empty()) std::memcpy(bytes.data(), blob->data(), bytes.size());
         } catch (...) {
             error = std::current_exception();
@@ -110,7 +117,7 @@ public:
     /// @return false when there was no such key
     /// @throws std::invalid_argument for a bad key
     bool erase(std::string_view key) {
-        validate_key(key);
+        check_key(key);
         std::lock_guard lock(mutex_);
         auto it = blobs_.find(std::string(key));
         if (it == blobs_.end()) return false;
@@ -143,6 +150,15 @@ public:
     [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
 private:
+    // validate_key() with the tier's name in front of its message.
+    void check_key(std::string_view key) const {
+        try {
+            validate_key(key);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(name_ + ": " + e.what());
+        }
+    }
+
     std::size_t capacity_;
     std::string name_;
     mutable std::mutex mutex_;

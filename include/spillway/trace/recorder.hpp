@@ -59,12 +59,13 @@ using track_id = std::uint32_t;
 
 /// One recorded interval.
 struct event {
-    track_id track = 0;          ///< the track it was recorded on (recorder::track())
-    std::string name;            ///< what happened: the slice label in Perfetto
-    std::string category;        ///< optional grouping ("cat" in the JSON); empty: none
-    clock::time_point begin{};   ///< start of the interval
-    clock::time_point end{};     ///< end of the interval, >= begin
-    std::vector<std::pair<std::string, double>> args;  ///< named numbers, shown in Perfetto's details pane
+    track_id track = 0;         ///< the track it was recorded on (recorder::track())
+    std::string name;           ///< what happened: the slice label in Perfetto
+    std::string category;       ///< optional grouping ("cat" in the JSON); empty: none
+    clock::time_point begin{};  ///< start of the interval
+    clock::time_point end{};    ///< end of the interval, >= begin
+    std::vector<std::pair<std::string, double>>
+        args;  ///< named numbers, shown in Perfetto's details pane
 };
 
 class recorder;
@@ -77,11 +78,15 @@ public:
     scoped_event() = default;
     /// Starts an event on `track` of `rec` now (reads the clock only when `rec` is non-null
     /// and enabled; otherwise inert). recorder::scope() is the usual way to make one.
-    scoped_event(recorder* rec, track_id track, std::string_view name, std::string_view category = {});
+    scoped_event(recorder* rec, track_id track, std::string_view name,
+                 std::string_view category = {});
     /// Takes over `o`'s pending event; `o` becomes inert.
     scoped_event(scoped_event&& o) noexcept
-        : rec_(std::exchange(o.rec_, nullptr)), track_(o.track_), name_(std::move(o.name_)),
-          category_(std::move(o.category_)), begin_(o.begin_) {}
+        : rec_(std::exchange(o.rec_, nullptr)),
+          track_(o.track_),
+          name_(std::move(o.name_)),
+          category_(std::move(o.category_)),
+          begin_(o.begin_) {}
     /// Not assignable: an event has one start.
     scoped_event& operator=(scoped_event&&) = delete;
     /// One interval is recorded once: not copyable.
@@ -110,7 +115,9 @@ public:
     /// @param mode         whether it records from the start
     /// @param process_name the process label in Perfetto (a rank number, a job name, ...)
     explicit recorder(recording mode = recording::enabled, std::string process_name = "spillway")
-        : enabled_(mode == recording::enabled), process_name_(std::move(process_name)), origin_(clock::now()) {}
+        : enabled_(mode == recording::enabled),
+          process_name_(std::move(process_name)),
+          origin_(clock::now()) {}
     /// Owns the events: not copyable.
     recorder(const recorder&) = delete;
     /// Owns the events: not copyable.
@@ -135,21 +142,24 @@ public:
 
     /// Records [begin, end] on `track` (ignored when disabled). Throws std::invalid_argument
     /// for a track id this recorder did not hand out or for end < begin.
-    void complete(track_id track, std::string_view name, clock::time_point begin, clock::time_point end,
-                  std::string_view category = {},
+    void complete(track_id track, std::string_view name, clock::time_point begin,
+                  clock::time_point end, std::string_view category = {},
                   std::initializer_list<std::pair<std::string_view, double>> args = {}) {
         if (!enabled()) return;
-        expect_argument(end >= begin, "trace::recorder: event " + quoted(name) + " ends before it begins");
+        expect_argument(end >= begin,
+                        "trace::recorder: event " + quoted(name) + " ends before it begins");
         event e{track, std::string(name), std::string(category), begin, end, {}};
         e.args.reserve(args.size());
         for (auto& [k, v] : args) e.args.emplace_back(std::string(k), v);
         std::lock_guard lock(mutex_);
-        expect_argument(track < tracks_.size(), "trace::recorder: unknown track id " + std::to_string(track));
+        expect_argument(track < tracks_.size(),
+                        "trace::recorder: unknown track id " + std::to_string(track));
         events_.push_back(std::move(e));
     }
 
     /// An RAII event from now until the returned object is destroyed (or finish()ed).
-    [[nodiscard]] scoped_event scope(track_id track, std::string_view name, std::string_view category = {}) {
+    [[nodiscard]] scoped_event scope(track_id track, std::string_view name,
+                                     std::string_view category = {}) {
         return scoped_event(this, track, name, category);
     }
 
@@ -283,7 +293,9 @@ public:
 
     /// Writes the JSON to `path` (mode 0600, fsynced, replaced atomically through a temporary
     /// file `<path>.tmp-<pid>-<n>` of its own, created exclusively, removed again on failure;
-    /// several threads may save at once).
+    /// several threads may save at once). An existing file at `path` is never written in
+    /// place: a hard link or a symbolic link there is replaced by the rename, and the file it
+    /// shares its contents with (a snapshot, a file outside the directory) keeps them.
     /// @throws std::system_error naming the call (open, write, fsync, close, rename) and the path
     void save(const std::filesystem::path& path) const {
         static std::atomic<std::uint64_t> saves{0};
@@ -300,7 +312,9 @@ public:
                 int err = errno;
                 ::close(fd);
                 ::unlink(tmp.c_str());
-                throw_system_error(err, "write", "trace::recorder::save to " + tmp + " (" + bytes_str(text.size()) + ")");
+                throw_system_error(
+                    err, "write",
+                    "trace::recorder::save to " + tmp + " (" + bytes_str(text.size()) + ")");
             }
             done += static_cast<std::size_t>(n);
         }
@@ -323,7 +337,9 @@ public:
     }
 
 private:
-    static double micros(clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+    static double micros(clock::duration d) {
+        return std::chrono::duration<double, std::micro>(d).count();
+    }
     static void write_number(std::ostream& out, double v) {
         if (!std::isfinite(v)) {
             out << "0";
@@ -338,14 +354,19 @@ private:
     static std::size_t utf8_length(std::string_view s, std::size_t i) {
         const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
         const unsigned char c = b(0);
-        std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        std::size_t n = c < 0x80           ? 1
+                        : (c >> 5) == 0x6  ? 2
+                        : (c >> 4) == 0xe  ? 3
+                        : (c >> 3) == 0x1e ? 4
+                                           : 0;
         if (n == 0 || i + n > s.size()) return 0;
         for (std::size_t k = 1; k < n; ++k)
             if ((b(k) & 0xc0) != 0x80) return 0;
-        if (n == 2 && c < 0xc2) return 0;                              // overlong
-        if (n == 3 && c == 0xe0 && b(1) < 0xa0) return 0;              // overlong
-        if (n == 3 && c == 0xed && b(1) >= 0xa0) return 0;             // surrogate
-        if (n == 4 && (c > 0xf4 || (c == 0xf0 && b(1) < 0x90) || (c == 0xf4 && b(1) >= 0x90))) return 0;
+        if (n == 2 && c < 0xc2) return 0;                   // overlong
+        if (n == 3 && c == 0xe0 && b(1) < 0xa0) return 0;   // overlong
+        if (n == 3 && c == 0xed && b(1) >= 0xa0) return 0;  // surrogate
+        if (n == 4 && (c > 0xf4 || (c == 0xf0 && b(1) < 0x90) || (c == 0xf4 && b(1) >= 0x90)))
+            return 0;
         return n;
     }
     // A JSON string: quotes, backslashes and control bytes escaped; bytes that are not valid
@@ -366,11 +387,21 @@ private:
                 continue;
             }
             switch (c) {
-                case '"': out << "\\\""; break;
-                case '\\': out << "\\\\"; break;
-                case '\n': out << "\\n"; break;
-                case '\t': out << "\\t"; break;
-                case '\r': out << "\\r"; break;
+                case '"':
+                    out << "\\\"";
+                    break;
+                case '\\':
+                    out << "\\\\";
+                    break;
+                case '\n':
+                    out << "\\n";
+                    break;
+                case '\t':
+                    out << "\\t";
+                    break;
+                case '\r':
+                    out << "\\r";
+                    break;
                 default:
                     if (u < 0x20) {
                         char buf[8];
@@ -392,7 +423,8 @@ private:
     std::vector<event> events_;
 };
 
-inline scoped_event::scoped_event(recorder* rec, track_id track, std::string_view name, std::string_view category) {
+inline scoped_event::scoped_event(recorder* rec, track_id track, std::string_view name,
+                                  std::string_view category) {
     if (rec && rec->enabled()) {
         rec_ = rec;
         track_ = track;
