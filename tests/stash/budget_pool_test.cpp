@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -201,4 +202,47 @@ TEST_CASE("the peak counts every resident byte, the pool included") {
     CHECK(p.peak() == 12 * KiB);
     p.restart_high_water();  // keeps the peak
     CHECK(p.peak() == 12 * KiB);
+}
+
+TEST_CASE("a pool_limit of SIZE_MAX is no limit: no sum wraps around, no free buffer is freed") {
+    // The benchmark's keep_all baseline (memory_budget and pool_limit SIZE_MAX). A sum with
+    // pool_limit that wrapped around made account() and roll_high_water() free the pool.
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    budget_pool p(none, none);
+    std::vector<aligned_buffer> bufs;
+    for (int i = 0; i < 4; ++i) bufs.push_back(held(p, 8 * KiB));
+    for (auto& b : bufs) p.recycle(std::move(b));
+    REQUIRE(p.pooled() == 32 * KiB);
+    p.restart_high_water();  // as reset_peak() does: the held mark restarts from 0
+    REQUIRE(p.held_peak() == 0);
+    CHECK(p.pooled() == 32 * KiB);
+
+    aligned_buffer x = held(p, 4 * KiB);  // a size the pool has not: fresh memory
+    CHECK(p.pooled() == 32 * KiB);
+    CHECK(p.resident() == 36 * KiB);
+    auto y = p.take(8 * KiB);  // something held while a new step begins
+    REQUIRE(y);
+    p.roll_high_water();
+    CHECK(p.pooled() == 24 * KiB);
+    CHECK(p.resident() == 36 * KiB);
+    p.recycle(std::move(x));
+    p.recycle(std::move(*y));
+    CHECK(p.pooled() == 36 * KiB);
+    p.adopt_if_room(aligned_buffer(8 * KiB));
+    CHECK(p.pooled() == 44 * KiB);
+    CHECK(p.fits(none));  // no budget: anything fits
+    CHECK(p.trim_to_fit(none));
+    CHECK(p.pooled() == 44 * KiB);
+}
+
+TEST_CASE("a charge too large for any budget does not fit, however the sum would wrap") {
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    budget_pool p(1 << 20, 0);
+    aligned_buffer a = held(p, 8 * KiB);
+    CHECK_FALSE(p.fits(none));
+    CHECK_FALSE(p.fits(none - 4 * KiB));
+    CHECK_FALSE(p.trim_to_fit(none));
+    aligned_buffer b(8 * KiB);
+    p.give_back(std::move(b));  // 8 KiB more fit the budget: pooled and counted
+    CHECK(p.resident() == 16 * KiB);
 }

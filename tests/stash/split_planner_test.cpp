@@ -1,5 +1,6 @@
-// The stash's split planner on its own, no tier and no clock: what it decides from the
-// bandwidths, forward times and layer profiles the test supplies.
+// The stash's split planner on its own, no real tier and no real clock: what it decides from
+// the bandwidths, forward times and layer profiles the test supplies, and what the probe
+// measures on a clock the test moves.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include <spillway/stash/detail/split_planner.hpp>
+
+#include "stash/manual_clock.hpp"
 
 using namespace spillway;
 using detail::split_planner;
@@ -57,6 +60,16 @@ TEST_CASE("a probe round: the slower direction, times under a nanosecond count a
     CHECK(detail::round_bandwidth(1000, 1.0, 2.0) == 500.0);
     CHECK(detail::round_bandwidth(1000, 0.5, 0.25) == 2000.0);
     CHECK(detail::round_bandwidth(1000, 0.0, 0.0) == doctest::Approx(1e12));
+}
+
+TEST_CASE("the probe times its transfers with the clock it is given") {
+    // Each transfer of the probe key moves the clock on by bytes / 50 MB/s: every round
+    // measures exactly that, whatever else the machine is doing.
+    test::clocked_tier tier(50e6);
+    std::vector<std::byte> buffer(1 << 20);
+    const double bw = detail::probe_bandwidth<test::manual_clock>(tier, "act-1-probe", buffer);
+    CHECK(bw == doctest::Approx(50e6));
+    CHECK(tier.contains("act-1-probe"));  // the caller erases it
 }
 
 TEST_CASE("plan_split applies TBA's rule and says what it was computed from") {

@@ -38,7 +38,6 @@
 /// std::invalid_argument naming the tensor.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,32 +45,27 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <system_error>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
-#include "spillway/io/buffer_arena.hpp"
 #include "spillway/stash/detail/budget_pool.hpp"
-#include "spillway/stash/detail/key_recycler.hpp"
 #include "spillway/stash/detail/split_planner.hpp"
-#include "spillway/stash/detail/step_layers.hpp"
+#include "spillway/stash/detail/stash_io.hpp"
 #include "spillway/stash/detail/tensor_table.hpp"
 #include "spillway/stash/split_rule.hpp"
 #include "spillway/stash/stash_handle.hpp"
 #include "spillway/stash/stash_options.hpp"
 #include "spillway/stash/tensor_desc.hpp"
-#include "spillway/thread_pool.hpp"
 #include "spillway/tier/storage_tier.hpp"
+#include "spillway/tier/tier_stats.hpp"
 
 namespace spillway {
 
@@ -84,60 +78,33 @@ inline std::atomic<std::uint64_t>& stash_serial_counter() {
 
 /// Holds the tensors a trainer saves in forward for backward, offloading them to `Tier`
 /// and prefetching them back in reverse order; see the file comment for its guarantees and
-/// docs/design.md for the life cycle of a tensor. Not copyable
-/// or movable. Every public member function is thread-safe (one internal mutex, never held
-/// across tier I/O or copies).
+/// docs/design.md for the life cycle of a tensor. Not copyable or movable. Every public
+/// member function is thread-safe (one internal mutex, never held across tier I/O or copies).
 /// @tparam Tier any storage_tier; the stash holds a reference to it.
-template <storage_tier Tier>
+/// @tparam Clock the clock that times layers, forward, the bandwidth probe and the waits
+///         (std::chrono::steady_clock; a test may supply a clock it moves by hand).
+template <storage_tier Tier, class Clock = std::chrono::steady_clock>
 class activation_stash {
 public:
-    /// The monotonic clock that times layers, forward and the waits in stash_stats.
-    using clock = std::chrono::steady_clock;
+    /// The monotonic clock that times layers, forward, the probe and the waits in stash_stats.
+    using clock = Clock;
 
     /// Holds a reference to `tier`, which must outlive the stash. Throws
     /// std::invalid_argument for a bad key prefix or zero threads.
     explicit activation_stash(Tier& tier, stash_options options = {})
         : tier_(tier),
-          opt_(std::move(options)),
           serial_(++detail::stash_serial_counter()),
+          opt_(checked(std::move(options))),
           table_(serial_),
           pool_(opt_.memory_budget, opt_.pool_limit),
-          keys_(opt_.key_prefix, serial_),
-          planner_(opt_) {
-        validate_key(opt_.key_prefix, "activation_stash: key_prefix");
-        expect_argument(
-            opt_.key_prefix.size() <= 200,
-            "activation_stash: key_prefix " + quoted(opt_.key_prefix) +
-                " is longer than 200 bytes (" + std::to_string(opt_.key_prefix.size()) +
-                "): its keys \"<key_prefix>-<serial>-<n>\" must fit a tier's 255-byte limit");
-        expect_argument(
-            opt_.write_threads >= 1 && opt_.read_threads >= 1,
-            "activation_stash: write_threads and read_threads must be at least 1, got " +
-                std::to_string(opt_.write_threads) + " and " + std::to_string(opt_.read_threads) +
-                " (a stash never moves data on the compute thread)");
-        if (opt_.split == split_mode::adaptive && opt_.tier_bandwidth < 0)
-            throw std::invalid_argument(
-                "activation_stash: tier_bandwidth must be >= 0 (0 measures it)");
-        writer_.emplace(opt_.write_threads, "spw-stash-write");
-        reader_.emplace(opt_.read_threads, "spw-stash-read");
-    }
+          planner_(opt_),
+          io_(tier_, opt_, serial_, mutex_, cv_, table_, pool_, stats_, step_) {}
     activation_stash(const activation_stash&) = delete;
     activation_stash& operator=(const activation_stash&) = delete;
 
     /// Skips queued writes, waits for the I/O in flight, erases this stash's tier blobs.
     /// Handles still live become dangling (any use is undefined).
-    ~activation_stash() {
-        {
-            std::lock_guard lock(mutex_);
-            shutting_down_ = true;
-        }
-        reader_.reset();
-        writer_.reset();
-        table_.for_each([&](entry& e) {
-            if (e.on_tier) erase_blob(e.key);
-        });
-        for (const auto& key : keys_.drain()) erase_blob(key);
-    }
+    ~activation_stash() = default;
 
     // ---- forward ----------------------------------------------------------------------
 
@@ -145,7 +112,7 @@ public:
     /// explicit scope belong to it. Scopes nest; end_layer() closes the innermost.
     void begin_layer(std::uint32_t layer) {
         std::lock_guard lock(mutex_);
-        throw_pending();
+        io_.throw_pending();
         enter_forward();
         scopes_.push_back(layer);
         position_of(layer);
@@ -191,7 +158,7 @@ public:
                 return std::move(*b);
             }
         }
-        return new_buffer(nbytes, buffer_fill::zeroed);
+        return io_.new_buffer(nbytes, buffer_fill::zeroed);
     }
 
     // ---- backward ---------------------------------------------------------------------
@@ -201,7 +168,7 @@ public:
     void start_backward() {
         std::unique_lock lock(mutex_);
         enter_backward(lock);
-        prefetch();
+        io_.prefetch();
     }
 
     /// The tensor's bytes, resident; blocks while they are being read. The view stays valid
@@ -214,23 +181,24 @@ public:
         enter_backward(lock);                   // (may unlock: the probe)
         {
             entry& e = table_.entry_of(handle, "load");
-            if (e.step == step_ && e.position < backward_position_) backward_position_ = e.position;
+            if (e.step == step_.number && e.position < step_.backward_position)
+                step_.backward_position = e.position;
         }
-        prefetch();
-        std::optional<clock::time_point> waited_since;
+        io_.prefetch();
+        std::optional<typename clock::time_point> waited_since;
         for (;;) {
             // Looked up again after every wait: a reset() from another thread meanwhile drops
             // the entry, and the lookup then throws (unknown handle) instead of reading it.
             entry& e = table_.entry_of(handle, "load");
             switch (e.state) {
                 case entry_state::queued:
-                    cancel_write(e);
+                    io_.cancel_write(e);
                     [[fallthrough]];
                 case entry_state::kept:
                 case entry_state::fetched:
                 case entry_state::writing:
                     if (e.buffer.data() || e.nbytes == 0) {
-                        if (e.state == entry_state::writing) note_forwarded(e);
+                        if (e.state == entry_state::writing) io_.note_forwarded(e);
                         e.pinned = true;
                         if (waited_since) stats_.load_wait_seconds += seconds_since(*waited_since);
                         return {e.buffer.data(), e.nbytes};
@@ -244,12 +212,12 @@ public:
                         std::rethrow_exception(err);
                     }
                     if (pool_.contains(e.nbytes)) {  // a free buffer of its size: no room to make
-                        start_read(e, reserved::no);
+                        io_.start_read(e, detail::reserved::no);
                         continue;
                     }
                     {
                         const std::size_t nbytes = e.nbytes;
-                        const bool room = make_room(lock, charge_of(nbytes));  // (may wait)
+                        const bool room = io_.make_room(lock, charge_of(nbytes));  // (may wait)
                         entry& again = table_.entry_of(handle, "load");
                         if (!room) {
                             if (again.state != entry_state::offloaded)
@@ -267,7 +235,7 @@ public:
                         }
                         pool_.account(charge_of(nbytes));
                         if (again.state == entry_state::offloaded)
-                            start_read(again, reserved::yes);
+                            io_.start_read(again, detail::reserved::yes);
                         else
                             pool_.uncount(charge_of(nbytes));  // someone else started it meanwhile
                     }
@@ -303,8 +271,8 @@ public:
         std::unique_lock lock(mutex_);
         entry& e = table_.entry_of(handle, "release");
         table_.release_handle(handle);
-        if (--e.refs == 0) drop(e);
-        prefetch();
+        if (--e.refs == 0) io_.drop(e);
+        io_.prefetch();
         cv_.notify_all();
     }
 
@@ -315,8 +283,8 @@ public:
     /// blobs of live tensors. Throws the first unreported write failure.
     void flush() {
         std::unique_lock lock(mutex_);
-        wait_for_io_and_erase_retired(lock, io_scope::writes);
-        throw_pending();
+        io_.wait_for_io_and_erase_retired(lock, detail::io_scope::writes);
+        io_.throw_pending();
     }
 
     /// Releases every live handle (they become unknown to the stash), waits for the I/O in
@@ -326,11 +294,11 @@ public:
         std::unique_lock lock(mutex_);
         for (auto id : table_.forget_handles()) {
             entry* e = table_.find(id);
-            if (e && --e->refs == 0) drop(*e);
+            if (e && --e->refs == 0) io_.drop(*e);
         }
-        wait_for_io_and_erase_retired(lock, io_scope::reads_and_writes);
-        pending_error_ = nullptr;
-        phase_ = phase::backward;  // the next save starts a new step
+        io_.wait_for_io_and_erase_retired(lock, detail::io_scope::reads_and_writes);
+        io_.forget_pending();
+        step_.backward = true;  // the next save starts a new step
     }
 
     /// Makes the next step a profiling step again (adaptive mode): the split is re-planned.
@@ -347,7 +315,7 @@ public:
         s.resident_bytes = pool_.resident();
         s.pooled_bytes = pool_.pooled();
         s.peak_resident_bytes = pool_.peak();
-        s.arena_slack_bytes = arena_.slack_bytes();
+        s.arena_slack_bytes = io_.arena_slack_bytes();
         return s;
     }
     /// Frees every pooled buffer (gives the memory back: a piece of the huge-page arena goes
@@ -378,25 +346,30 @@ public:
 private:
     using entry = detail::stash_entry;
     using entry_state = detail::entry_state;
-    enum class phase { forward, backward };
-    enum class reserved { no, yes };
 
-    static double seconds_since(clock::time_point t) {
-        return std::chrono::duration<double>(clock::now() - t).count();
+    // The options, or std::invalid_argument naming what is wrong with them.
+    static stash_options checked(stash_options o) {
+        validate_key(o.key_prefix, "activation_stash: key_prefix");
+        expect_argument(
+            o.key_prefix.size() <= 200,
+            "activation_stash: key_prefix " + spillway::quoted(o.key_prefix) +
+                " is longer than 200 bytes (" + std::to_string(o.key_prefix.size()) +
+                "): its keys \"<key_prefix>-<serial>-<n>\" must fit a tier's 255-byte limit");
+        expect_argument(
+            o.write_threads >= 1 && o.read_threads >= 1,
+            "activation_stash: write_threads and read_threads must be at least 1, got " +
+                std::to_string(o.write_threads) + " and " + std::to_string(o.read_threads) +
+                " (a stash never moves data on the compute thread)");
+        if (o.split == split_mode::adaptive && o.tier_bandwidth < 0)
+            throw std::invalid_argument(
+                "activation_stash: tier_bandwidth must be >= 0 (0 measures it)");
+        return o;
+    }
+    static double seconds_since(typename clock::time_point t) {
+        return detail::seconds_since<Clock>(t);
     }
     static std::size_t charge_of(std::size_t nbytes) noexcept {
         return detail::budget_pool::charge_of(nbytes);
-    }
-    // A new buffer for bytes copied or read into it in full: zeroing it first would only
-    // double the cost of faulting its pages in.
-    aligned_buffer buffer_to_overwrite(std::size_t nbytes) {
-        return new_buffer(nbytes, buffer_fill::uninitialized);
-    }
-    // Under 2 MiB from the huge-page arena (stash_options::huge_page_arena), else on its own.
-    aligned_buffer new_buffer(std::size_t nbytes, buffer_fill fill) {
-        if (opt_.huge_page_arena && charge_of(nbytes) < huge_page_bytes)
-            return arena_.allocate(nbytes, fill);
-        return aligned_buffer(nbytes, memory_lock::unlocked, default_alignment, fill);
     }
 
     // `exchange` (only with `adopt`, the same buffer) receives a free buffer of the same size.
@@ -411,7 +384,7 @@ private:
         auto identity = tensor_identity::of(desc);
 
         std::unique_lock lock(mutex_);
-        throw_pending();
+        io_.throw_pending();
         enter_forward();
         const std::size_t position = position_of(
             desc.layer == current_layer ? (scopes_.empty() ? 0u : scopes_.back()) : desc.layer);
@@ -430,7 +403,7 @@ private:
         bool resident = true;
         if (adopt) {
             charge = adopt->capacity();
-            resident = make_room(lock, charge, exchange ? &swapped : nullptr, nbytes);
+            resident = io_.make_room(lock, charge, exchange ? &swapped : nullptr, nbytes);
             if (resident) pool_.account(charge);
         } else if (auto pooled = pool_.take(nbytes)) {
             buffer = std::move(*pooled);  // its bytes move from the pool to the tensor
@@ -438,7 +411,7 @@ private:
             pool_.note_peaks();
         } else {
             charge = charge_of(nbytes);
-            resident = make_room(lock, charge);
+            resident = io_.make_room(lock, charge);
             if (resident) pool_.account(charge);
         }
         if (!resident) {
@@ -451,7 +424,7 @@ private:
             buffer = std::move(*adopt);
         } else {
             try {
-                if (!buffer.data()) buffer = buffer_to_overwrite(nbytes);
+                if (!buffer.data()) buffer = io_.buffer_to_overwrite(nbytes);
             } catch (...) {
                 lock.lock();
                 pool_.uncount(charge);
@@ -475,36 +448,12 @@ private:
         stats_.bytes_saved += nbytes;
         if (offload) {
             e.state = entry_state::queued;
-            queue_write(e);
+            io_.queue_write(e);
         } else {
             e.state = entry_state::kept;
             stats_.bytes_kept += nbytes;
         }
         return make_handle(e);
-    }
-
-    // Writes e's bytes to the tier with the stash's lock released. On return the lock is held
-    // again, writes_pending_ is one lower, and a failure is recorded on e (its error names
-    // the tensor) and returned.
-    std::exception_ptr write_entry(std::unique_lock<std::mutex>& lock, entry& e,
-                                   std::span<const std::byte> bytes) {
-        e.key = keys_.take(e.nbytes);
-        const std::string key = e.key;
-        lock.unlock();
-        std::exception_ptr error;
-        try {
-            tier_.write(key, bytes).wait();
-        } catch (...) {
-            error = std::current_exception();
-        }
-        lock.lock();
-        --writes_pending_;
-        if (error) {
-            ++stats_.failed_writes;
-            e.error = spillway::with_context(error, write_context(e));
-            erase_later(std::exchange(e.key, std::string()));  // it may hold a stale or torn blob
-        }
-        return error;
     }
 
     // The budget leaves no room even after every write finished: write the caller's bytes
@@ -518,8 +467,7 @@ private:
         entry& e = new_entry(identity, std::move(label), bytes.size(), position);
         e.state = entry_state::writing;
         ++stats_.forced_writes;
-        ++writes_pending_;
-        std::exception_ptr error = write_entry(lock, e, bytes);
+        std::exception_ptr error = io_.write_synchronously(lock, e, bytes);
         if (error) {
             e.state = entry_state::lost;
             --stats_.tensors;
@@ -543,10 +491,10 @@ private:
 
     entry& new_entry(const tensor_identity& identity, std::shared_ptr<const std::string> label,
                      std::size_t nbytes, std::size_t position) {
-        entry& e = table_.add(identity, std::move(label), nbytes, position, step_);
-        order_.push_back(e.id);
+        entry& e = table_.add(identity, std::move(label), nbytes, position, step_.number);
+        step_.order.push_back(e.id);
         if (nbytes >= opt_.keep_below_bytes && nbytes > 0)
-            layers_.add_offload_bytes(position, nbytes);
+            step_.layers.add_offload_bytes(position, nbytes);
         ++stats_.tensors;
         return e;
     }
@@ -566,15 +514,15 @@ private:
     // ---- steps and layers ---------------------------------------------------------------
 
     void enter_forward() {
-        if (phase_ == phase::backward) {
+        if (step_.backward) {
             if (opt_.split == split_mode::adaptive && planner_.planned() && !after_profiling_ &&
                 opt_.tier_bandwidth == 0)
                 replan_from_tier();
-            phase_ = phase::forward;
-            ++step_;
-            layers_.clear();
-            order_.clear();
-            cursor_ = 0;
+            step_.backward = false;
+            ++step_.number;
+            step_.layers.clear();
+            step_.order.clear();
+            step_.cursor = 0;
             step_open_ = false;
             pool_.roll_high_water();
             if (after_profiling_) {
@@ -592,20 +540,20 @@ private:
     }
 
     std::size_t position_of(std::uint32_t layer) {
-        return layers_.position_of(layer, [&] { return seconds_since(step_start_); });
+        return step_.layers.position_of(layer, [&] { return seconds_since(step_start_); });
     }
 
     void enter_backward(std::unique_lock<std::mutex>& lock) {
-        if (phase_ == phase::backward) return;
-        phase_ = phase::backward;
-        backward_position_ = layers_.size();
-        cursor_ = order_.size();
+        if (step_.backward) return;
+        step_.backward = true;
+        step_.backward_position = step_.layers.size();
+        step_.cursor = step_.order.size();
         if (profiling_ && !planner_.planned()) {
             const double forward =
                 step_open_ ? seconds_since(step_start_) : 0.0;  // before the probe
-            const double bw =
-                opt_.tier_bandwidth > 0 ? opt_.tier_bandwidth : measure_tier_bandwidth(lock);
-            planner_.plan(layers_.profiles(), forward, bw);
+            const double bw = opt_.tier_bandwidth > 0 ? opt_.tier_bandwidth
+                                                      : io_.measure_bandwidth(lock, forward_stats_);
+            planner_.plan(step_.layers.profiles(), forward, bw);
             after_profiling_ = true;
         }
         profiling_ = false;
@@ -616,373 +564,36 @@ private:
     // time, and the bandwidth the tier delivered during it (the whole step, so that no
     // operation is cut in half).
     void replan_from_tier() {
-        planner_.replan(layers_.profiles(), forward_seconds_,
+        planner_.replan(step_.layers.profiles(), forward_seconds_,
                         detail::delivered_bandwidth(forward_stats_, tier_.stats()));
     }
 
-    // Writes and reads back probe_bytes; the slower direction's bytes per second.
-    double measure_tier_bandwidth(std::unique_lock<std::mutex>& lock) {
-        const std::string key = keys_.probe_key();
-        // The probe's buffer counts against the budget like any other: at most the room left,
-        // in whole 4 KiB blocks, of which the first 4 KiB are made room for as for any save,
-        // so that the probe never lifts the resident bytes above the budget. If nothing can
-        // free 4 KiB, the forward's own writes say what the tier delivered.
-        if (!make_room(lock, 4096))
-            return detail::delivered_bandwidth(forward_stats_, tier_.stats());
-        const std::size_t room =
-            pool_.budget() > pool_.resident() ? pool_.budget() - pool_.resident() : 0;
-        const std::size_t n =
-            std::max<std::size_t>(std::min(opt_.probe_bytes, room) / 4096 * 4096, 4096);
-        pool_.count(n);
-        lock.unlock();
-        double bw = 0;
-        try {
-            aligned_buffer buf(n);
-            for (std::size_t i = 0; i < n; i += 4096) buf.data()[i] = std::byte{1};
-            bw = detail::probe_bandwidth(tier_, key, buf.bytes());
-            erase_blob(key);
-        } catch (...) {
-            erase_blob(key);  // (noexcept; the tier's error below says what failed)
-            lock.lock();
-            pool_.uncount(n);
-            std::rethrow_exception(spillway::with_context(
-                std::current_exception(),
-                "activation_stash: measuring the bandwidth of tier " +
-                    quoted(std::string(tier_.name())) + " with a probe of " + bytes_str(n) +
-                    " failed (set stash_options::tier_bandwidth to skip the probe)"));
-        }
-        lock.lock();
-        pool_.uncount(n);
-        return bw;
-    }
-
-    // ---- memory -----------------------------------------------------------------------
-
-    // Makes room for `charge` more resident bytes without exceeding the budget. Blocking:
-    // trims the pool, drops prefetched tensors not yet loaded (they are on the tier), waits
-    // for writes to free their buffers, and as a last resort queues writes of kept tensors.
-    // False when nothing can make room.
-    // With `swapped`, a free buffer of size() `swap_size` found in the pool (at once, or
-    // freed by a write while waiting) goes there instead of being trimmed; it leaves the
-    // stash's resident bytes, so it makes room too.
-    bool make_room(std::unique_lock<std::mutex>& lock, std::size_t charge,
-                   aligned_buffer* swapped = nullptr, std::size_t swap_size = 0) {
-        auto take_swap = [&] {
-            if (!swapped || swapped->data()) return false;
-            auto b = pool_.take(swap_size);
-            if (!b) return false;
-            pool_.uncount(b->capacity());
-            *swapped = std::move(*b);
-            return true;
-        };
-        take_swap();
-        if (charge > opt_.memory_budget) return false;
-        std::optional<clock::time_point> since;
-        auto done = [&](bool ok) {
-            if (since) stats_.budget_wait_seconds += seconds_since(*since);
-            return ok;
-        };
-        while (!pool_.fits(charge)) {
-            if (take_swap()) continue;
-            if (pool_.trim_to_fit(charge)) break;
-            detail::room_candidates c = table_.find_room();
-            if (c.drop) {  // a prefetched tensor not loaded yet: its bytes are on the tier
-                c.drop->state = entry_state::offloaded;
-                pool_.uncount(c.drop->buffer.capacity());
-                aligned_buffer gone = std::move(c.drop->buffer);
-                continue;
-            }
-            if (!c.io_will_free && c.demote) {
-                ++stats_.forced_writes;
-                c.demote->state = entry_state::queued;
-                queue_write(*c.demote);
-                c.io_will_free = true;
-            }
-            if (!c.io_will_free) return done(false);
-            if (!since) since = clock::now();
-            cv_.wait(lock);
-        }
-        return done(true);
-    }
-
-    // ---- writes -----------------------------------------------------------------------
-
-    void queue_write(entry& e) {
-        if (e.step == step_) layers_.mark_offloads(e.position);
-        ++writes_pending_;
-        writer_->submit([this, id = e.id] { run_write(id); });
-    }
-
-    std::string write_context(const entry& e) const {
-        return "activation_stash: offloading " + e.label() + " (" + bytes_str(e.nbytes) +
-               ") to tier " + quoted(std::string(tier_.name())) + " failed";
-    }
-    std::string read_context(const entry& e) const {
-        return "activation_stash: loading " + e.label() + " (" + bytes_str(e.nbytes) +
-               ") back from tier " + quoted(std::string(tier_.name())) + " failed";
-    }
-
-    void run_write(std::uint64_t id) {
-        std::unique_lock lock(mutex_);
-        entry* found = table_.find(id);
-        if (!found || found->state != entry_state::queued || shutting_down_) {
-            --writes_pending_;  // cancelled: released, taken by backward, or shutting down
-            cv_.notify_all();
-            return;
-        }
-        entry& e = *found;
-        e.state = entry_state::writing;
-        std::span<const std::byte> bytes(e.buffer.data(), e.nbytes);
-        std::exception_ptr error = write_entry(lock, e, bytes);
-        if (error) {
-            if (!pending_error_) pending_error_ = e.error;
-            if (e.refs == 0) {
-                pool_.recycle(std::move(e.buffer));
-                table_.erase(e.id);
-            } else if (e.pinned) {
-                e.state = entry_state::kept;  // backward holds the resident copy: still exact
-            } else {
-                e.state = entry_state::lost;
-                table_.forget_identity(e);
-                pool_.uncount(e.buffer.capacity());
-                aligned_buffer gone = std::move(e.buffer);
-            }
-        } else {
-            e.on_tier = true;
-            stats_.bytes_offloaded += e.nbytes;
-            if (e.refs == 0) {
-                pool_.recycle(std::move(e.buffer));
-                retire_key(e);
-                table_.erase(e.id);
-            } else if (e.pinned || in_prefetch_window(e)) {
-                note_forwarded(e);
-                e.state = entry_state::fetched;
-            } else {
-                pool_.recycle(std::move(e.buffer));
-                e.state = entry_state::offloaded;
-            }
-            prefetch();
-        }
-        cv_.notify_all();
-    }
-
-    void cancel_write(entry& e) {
-        // The writer will find the entry no longer queued and skip it.
-        e.state = entry_state::kept;
-        ++stats_.write_skips;
-        note_forwarded(e);
-    }
-    void note_forwarded(entry& e) {
-        if (!e.forwarded) {
-            e.forwarded = true;
-            stats_.bytes_forwarded += e.nbytes;
-        }
-    }
-
-    // The tensor on the tier under e.key is gone and no I/O on the key is in flight: its blob
-    // stays for the next write to rewrite (flush(), reset() and the destructor erase it).
-    void retire_key(entry& e) {
-        if (shutting_down_) {
-            erase_blob(e.key);
-            return;
-        }
-        keys_.retire(e.nbytes, std::exchange(e.key, std::string()));
-    }
-
-    enum class io_scope { writes, reads_and_writes };
-    // Waits for the writes (and with io_scope::reads_and_writes the reads) in flight and for
-    // every erase, then erases the retired blobs and waits for those erases too.
-    void wait_for_io_and_erase_retired(std::unique_lock<std::mutex>& lock, io_scope scope) {
-        auto idle = [&] {
-            return writes_pending_ == 0 && erases_pending_ == 0 &&
-                   (scope == io_scope::writes || reads_pending_ == 0);
-        };
-        cv_.wait(lock, idle);
-        for (auto& key : keys_.drain()) erase_later(std::move(key));
-        cv_.wait(lock, idle);
-    }
-
-    // Erases a blob on the writer thread: unlinking a file can take milliseconds on a busy
-    // disk, and release() runs on the compute thread. A key whose erase was issued is never
-    // used again, so the erase cannot race with another operation on the same key.
-    void erase_later(std::string key) {
-        if (shutting_down_) {  // the pools are draining: erase here
-            erase_blob(key);
-            return;
-        }
-        ++erases_pending_;
-        writer_->submit([this, key = std::move(key)] {
-            erase_blob(key);
-            std::lock_guard lock(mutex_);
-            --erases_pending_;
-            cv_.notify_all();
-        });
-    }
-
-    void erase_blob(const std::string& key) noexcept {
-        try {
-            tier_.erase(key);
-        } catch (...) {
-            // A blob the tier cannot erase is left behind; it holds no data anyone reads.
-        }
-    }
-
-    // ---- reads and prefetch -----------------------------------------------------------
-
-    // The lowest layer position of the prefetch window (step_layers::window_low()).
-    std::size_t window_low() const {
-        return layers_.window_low(backward_position_, opt_.prefetch_layers);
-    }
-
-    bool in_prefetch_window(const entry& e) const {
-        if (phase_ != phase::backward || e.step != step_) return false;
-        return e.position >= window_low();
-    }
-
-    // Reads `e` back on a reader thread. With reserved::yes the caller already charged its
-    // bytes; otherwise it charges them here.
-    void start_read(entry& e, reserved r) {
-        std::optional<aligned_buffer> pooled = pool_.take(e.nbytes);
-        if (r == reserved::yes && pooled)
-            pool_.uncount(charge_of(e.nbytes));  // the pooled buffer was counted
-        if (r == reserved::no && !pooled) pool_.account(charge_of(e.nbytes));
-        pool_.note_peaks();
-        e.state = entry_state::reading;
-        ++reads_pending_;
-        auto buffer =
-            std::make_shared<aligned_buffer>(pooled ? std::move(*pooled) : aligned_buffer());
-        reader_->submit([this, id = e.id, buffer] { run_read(id, std::move(*buffer)); });
-    }
-
-    void run_read(std::uint64_t id, aligned_buffer buffer) {
-        std::unique_lock lock(mutex_);
-        entry& e = table_.at(id);  // a reading entry is never erased before this ends
-        std::string key = e.key;
-        std::size_t nbytes = e.nbytes;
-        lock.unlock();
-        std::exception_ptr error;
-        try {
-            if (!buffer.data()) buffer = buffer_to_overwrite(nbytes);
-            tier_.read(key, std::span<std::byte>(buffer.data(), nbytes)).wait();
-        } catch (...) {
-            error = std::current_exception();
-        }
-        lock.lock();
-        --reads_pending_;
-        if (e.refs == 0) {
-            if (buffer.data())
-                pool_.recycle(std::move(buffer));
-            else
-                pool_.uncount(charge_of(nbytes));
-            retire_key(e);
-            table_.erase(e.id);
-        } else if (error) {
-            ++stats_.failed_reads;
-            if (buffer.data())
-                pool_.recycle(std::move(buffer));
-            else
-                pool_.uncount(charge_of(nbytes));
-            e.read_error = spillway::with_context(error, read_context(e));
-            e.state = entry_state::offloaded;
-        } else {
-            e.buffer = std::move(buffer);
-            e.state = entry_state::fetched;
-            stats_.bytes_loaded += nbytes;
-        }
-        cv_.notify_all();
-    }
-
-    // Issues the prefetches the current backward position calls for, newest save first:
-    // every tensor of the window (within the budget), then further tensors while the bytes
-    // held stay within the high-water mark the step already reached (memory that is there
-    // anyway: reading ahead into it costs no peak). Stops at the first read that has no
-    // room (retried when room is freed).
-    void prefetch() {
-        if (phase_ != phase::backward || shutting_down_) return;
-        const std::size_t lo = window_low();
-        while (cursor_ > 0) {
-            entry* found = table_.find(order_[cursor_ - 1]);
-            if (!found || found->refs == 0) {
-                --cursor_;
-                continue;
-            }
-            entry& e = *found;
-            const bool ahead = e.position < lo;
-            if (e.state == entry_state::queued) {
-                cancel_write(e);  // resident already: keeping it costs nothing
-            } else if (e.state == entry_state::writing && ahead) {
-                return;  // its completion frees the buffer and calls prefetch() again
-            } else if (e.state == entry_state::offloaded && !e.read_error) {
-                std::size_t charge = charge_of(e.nbytes);
-                if (ahead && pool_.resident() - pool_.pooled() + charge > pool_.held_peak()) return;
-                if (!pool_.contains(e.nbytes) && !pool_.trim_to_fit(charge)) return;
-                start_read(e, reserved::no);
-            }
-            --cursor_;
-        }
-    }
-
-    // The last reference is gone.
-    void drop(entry& e) {
-        table_.forget_identity(e);
-        switch (e.state) {
-            case entry_state::queued:
-                ++stats_.write_skips;
-                [[fallthrough]];
-            case entry_state::kept:
-            case entry_state::fetched:
-            case entry_state::offloaded:
-            case entry_state::lost:
-                pool_.recycle(std::move(e.buffer));
-                if (e.on_tier) retire_key(e);
-                table_.erase(e.id);
-                break;
-            case entry_state::writing:
-            case entry_state::reading:
-                break;  // the I/O thread finishes the job
-        }
-    }
-
-    void throw_pending() {
-        if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
-    }
-
     Tier& tier_;
+    const std::uint64_t serial_;  // taken before the options are checked
     const stash_options opt_;
-    buffer_arena
-        arena_;  // small buffers (new_buffer); they keep its memory alive, wherever they go
-    const std::uint64_t serial_;
 
     mutable std::mutex mutex_;
     std::condition_variable cv_;
     detail::tensor_table table_;  // tensors, the dedup index and the handles
     detail::budget_pool pool_;    // resident bytes and free buffers
     stash_stats stats_;           // counters; the resident and peak bytes are pool_'s
-    std::exception_ptr pending_error_;
-    detail::key_recycler keys_;
-    std::size_t writes_pending_ = 0, reads_pending_ = 0, erases_pending_ = 0;
-    bool shutting_down_ = false;
 
-    // The current step.
-    phase phase_ = phase::forward;
-    std::uint64_t step_ = 0;
+    // The current step: the part its I/O reads (number, phase, layers, prefetch walk), then
+    // the profiling and timing.
+    detail::stash_step step_;
     bool step_open_ = false;
     bool profiling_ = false;
     bool after_profiling_ = false;
-    clock::time_point step_start_{};
+    typename clock::time_point step_start_{};
     std::vector<std::uint32_t> scopes_;
-    detail::step_layers layers_;
-    std::vector<std::uint64_t> order_;  // entry ids in save order
-    std::size_t cursor_ = 0;            // prefetch walks order_ down from here
-    std::size_t backward_position_ = 0;
 
     detail::split_planner planner_;
     tier_stats forward_stats_{};  // the tier's counters when the step began
     double forward_seconds_ = 0;  // the last forward's duration
 
-    // Last: destroyed (drained and joined) first, while everything above is alive.
-    std::optional<thread_pool> writer_;
-    std::optional<thread_pool> reader_;
+    // Last: destroyed first (queued writes skipped, I/O drained, blobs erased), while
+    // everything above is alive.
+    detail::stash_io<Tier, Clock> io_;
 };
 
 }  // namespace spillway

@@ -78,7 +78,8 @@ struct stash_options {
     std::size_t read_threads = 1;
     /// Free buffers are kept for reuse (counted as resident) up to pool_limit bytes, and
     /// beyond that while resident bytes stay within the most the stash held in this step or
-    /// the last: the pool never lifts the peak by more than pool_limit.
+    /// the last: the pool never lifts the peak by more than pool_limit. SIZE_MAX is no limit:
+    /// every free buffer is kept while the memory budget has room for it.
     std::size_t pool_limit = std::size_t{64} << 20;
     /// Buffers of less than 2 MiB that the stash allocates (allocate(), and the buffers loads
     /// read into) are carved from huge-page slabs shared by many tensors (buffer_arena), so

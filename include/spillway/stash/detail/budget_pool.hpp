@@ -16,12 +16,15 @@
 ///   the buffers it holds itself (it checks fits() before account()).
 /// - When the pool is empty and the held bytes alone exceed the budget, trim_to_fit() says
 ///   so (false) and changes nothing.
+/// - Sums of byte counts saturate at SIZE_MAX, so a budget or pool_limit of SIZE_MAX means
+///   "no limit" and never wraps around.
 /// Not synchronised: the stash calls it under its own lock.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -53,7 +56,7 @@ public:
     [[nodiscard]] std::size_t held_peak() const noexcept { return held_peak_; }
     /// True when `charge` more resident bytes stay within the budget.
     [[nodiscard]] bool fits(std::size_t charge) const noexcept {
-        return resident_ + charge <= budget_;
+        return saturating_add(resident_, charge) <= budget_;
     }
     /// True when a free buffer of size() `nbytes` is pooled.
     [[nodiscard]] bool contains(std::size_t nbytes) const { return pool_.contains(nbytes); }
@@ -63,9 +66,10 @@ public:
     /// pool_limit, are freed first.
     void account(std::size_t charge) {
         auto allowed = [&] {  // resident bytes the pool may keep us at after this charge
-            return std::max(held_peak_, resident_ - pooled_ + charge + pool_limit_);
+            return std::max(held_peak_, saturating_add(saturating_add(resident_ - pooled_, charge),
+                                                       pool_limit_));
         };
-        evict_while([&] { return resident_ + charge > allowed(); });
+        evict_while([&] { return saturating_add(resident_, charge) > allowed(); });
         resident_ += charge;
         note_peaks();
     }
@@ -98,7 +102,7 @@ public:
     /// (and uncounted). An empty buffer is ignored.
     void recycle(aligned_buffer&& b) {
         if (!b.data()) return;
-        if (pooled_ + b.capacity() <= pool_limit_ || resident_ <= held_peak_) {
+        if (saturating_add(pooled_, b.capacity()) <= pool_limit_ || resident_ <= held_peak_) {
             insert(std::move(b));
         } else {
             resident_ -= b.capacity();
@@ -108,7 +112,7 @@ public:
     /// An uncounted buffer (one take()n and uncounted for an exchange that did not happen):
     /// pooled and counted when the budget has room for it; otherwise left in `b`.
     void give_back(aligned_buffer&& b) {
-        if (!b.data() || resident_ + b.capacity() > budget_) return;
+        if (!b.data() || saturating_add(resident_, b.capacity()) > budget_) return;
         resident_ += b.capacity();
         insert(std::move(b));
         note_peaks();
@@ -116,7 +120,8 @@ public:
     /// An uncounted buffer: pooled (and counted as account() counts) when the pool stays
     /// within pool_limit and resident bytes within the budget; otherwise left in `b`.
     void adopt_if_room(aligned_buffer&& b) {
-        if (pooled_ + b.capacity() <= pool_limit_ && resident_ + b.capacity() <= budget_) {
+        if (saturating_add(pooled_, b.capacity()) <= pool_limit_ &&
+            saturating_add(resident_, b.capacity()) <= budget_) {
             account(b.capacity());
             insert(std::move(b));
         }
@@ -124,7 +129,7 @@ public:
     /// Frees pooled buffers until `need` more bytes fit the budget or the pool is empty;
     /// returns fits(need).
     bool trim_to_fit(std::size_t need) {
-        evict_while([&] { return resident_ + need > budget_; });
+        evict_while([&] { return saturating_add(resident_, need) > budget_; });
         return fits(need);
     }
     /// Frees every pooled buffer; returns the bytes freed.
@@ -149,10 +154,17 @@ public:
         const std::size_t held = resident_ - pooled_;
         held_peak_ = std::max(step_held_peak_, held);
         step_held_peak_ = held;
-        evict_while([&] { return resident_ > std::max(held_peak_, held + pool_limit_); });
+        evict_while(
+            [&] { return resident_ > std::max(held_peak_, saturating_add(held, pool_limit_)); });
     }
 
 private:
+    // a + b, or SIZE_MAX when that does not fit: a limit of SIZE_MAX is "no limit".
+    static constexpr std::size_t saturating_add(std::size_t a, std::size_t b) noexcept {
+        return b > std::numeric_limits<std::size_t>::max() - a
+                   ? std::numeric_limits<std::size_t>::max()
+                   : a + b;
+    }
     // The one eviction loop: frees pooled buffers, largest size() first (of equal sizes the
     // one pooled last), while `too_much()` holds.
     template <class Pred>

@@ -6,7 +6,8 @@
 /// - Every decision is a pure function of what the caller supplies: layer profiles, forward
 ///   seconds and bandwidths (split_planner, plan_split, next_bandwidth, delivered_bandwidth,
 ///   round_bandwidth). Nothing here reads a clock or a tier, except probe_bandwidth(), which
-///   times the probe's transfers and feeds them to round_bandwidth().
+///   times the probe's transfers with the clock it is given and feeds them to
+///   round_bandwidth().
 /// - A slower tier is believed at once (waiting for I/O costs more than keeping a layer),
 ///   a faster one half way per re-plan; a step in which nothing moved teaches nothing.
 /// - first_kept() is SIZE_MAX when no layer is kept.
@@ -75,17 +76,17 @@ namespace spillway::detail {
 }
 
 /// Writes `buffer` to `key` on `tier` and reads it back, three rounds; the best round's
-/// bandwidth (noise only slows a round). Throws the tier's error; the caller erases `key`.
-template <storage_tier Tier>
+/// bandwidth (noise only slows a round), each transfer timed by Clock::now(). Throws the
+/// tier's error; the caller erases `key`.
+template <class Clock = std::chrono::steady_clock, storage_tier Tier>
 double probe_bandwidth(Tier& tier, const std::string& key, std::span<std::byte> buffer) {
-    using clock = std::chrono::steady_clock;
     double bw = 0;
     for (int round = 0; round < 3; ++round) {
-        auto t0 = clock::now();
+        auto t0 = Clock::now();
         tier.write(key, buffer).wait();
-        auto t1 = clock::now();
+        auto t1 = Clock::now();
         tier.read(key, buffer).wait();
-        auto t2 = clock::now();
+        auto t2 = Clock::now();
         bw = std::max(bw,
                       round_bandwidth(buffer.size(), std::chrono::duration<double>(t1 - t0).count(),
                                       std::chrono::duration<double>(t2 - t1).count()));
