@@ -90,11 +90,14 @@ inline std::string quoted(std::string_view s) {
     return out;
 }
 // Exact-match overloads: an unqualified quoted(str) inside namespace spillway also finds
-// std::quoted (<iomanip>) by argument-dependent lookup; these non-templates win over it.
+// std::quoted (<iomanip>) by argument-dependent lookup; these non-templates win over it, for
+// const and non-const strings alike.
 /// @copydoc quoted(std::string_view)
 inline std::string quoted(const std::string& s) {
     return quoted(std::string_view(s));
 }
+/// @copydoc quoted(std::string_view)
+inline std::string quoted(std::string& s) { return quoted(std::string_view(s)); }
 /// @copydoc quoted(std::string_view)
 inline std::string quoted(const char* s) {
     return quoted(std::string_view(s));

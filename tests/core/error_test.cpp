@@ -3,9 +3,11 @@
 
 #include <cerrno>
 #include <exception>
+#include <iomanip>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "spillway/error.hpp"
 
@@ -91,6 +93,18 @@ TEST_CASE("validate_key refuses names that could escape their directory, naming 
             CHECK(std::string(e.what()).find(spillway::quoted(bad)) != std::string::npos);
         }
     }
+}
+
+namespace spillway {
+// Library code calls quoted() unqualified; with <iomanip> included, std::quoted is found too.
+std::string quote_unqualified(std::string& mutable_text) { return quoted(mutable_text); }
+std::string quote_unqualified(const std::string& text) { return quoted(text); }
+}  // namespace spillway
+
+TEST_CASE("an unqualified quoted() of a const or non-const string is spillway's, not std::quoted") {
+    std::string text = "a\nb";
+    CHECK(spillway::quote_unqualified(text) == "'a\\x0ab'");
+    CHECK(spillway::quote_unqualified(std::as_const(text)) == "'a\\x0ab'");
 }
 
 TEST_CASE("quoted keeps a message one whole line: control bytes are written as \\xNN") {
