@@ -6,6 +6,10 @@
 // plain `inline` elsewhere, so shared arithmetic compiles with any C++20 compiler.
 #pragma once
 
+// The version is set by project(VERSION) in CMakeLists.txt; these macros repeat it so that
+// a plain `-I include` build sees it too, and the test version.sources_agree fails when
+// they differ. A release changes both, and CHANGELOG.md.
+
 /// Major version (incompatible API changes).
 #define SPILLWAY_VERSION_MAJOR 0
 /// Minor version (compatible additions).
