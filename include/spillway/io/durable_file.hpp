@@ -197,9 +197,13 @@ struct regular_file_rules {
 /// `flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC` (`mode` when flags has O_CREAT), fstat()s the
 /// descriptor and refuses anything but a regular file, then clears O_NONBLOCK so transfers
 /// block as usual.
+/// @param dirfd a directory descriptor `name` is relative to, or AT_FDCWD
+/// @param name  the file's name under `dirfd`, or a path
 /// @param flags O_RDONLY, O_WRONLY or O_RDWR, plus O_CREAT, O_DIRECT, ... as needed (never
 ///              O_NONBLOCK: it is added and cleared here)
 /// @param what  how messages call the file, e.g. "update_pipeline::restore of subgroup 6"
+/// @param rules further checks on the descriptor (owner, link count); none by default
+/// @param mode  the new file's mode when `flags` has O_CREAT
 /// @return the descriptor, blocking, of a regular file that meets `rules`
 /// @throws std::system_error "<what>: <path> is a FIFO, not a regular file" (EINVAL; EISDIR
 ///         for a directory, ELOOP for a symbolic link), EPERM or EMLINK for a broken rule, or
