@@ -1,15 +1,23 @@
 // examples/mini_gpt/checkpoint_dir.hpp: the resumable save directory (--save, --resume).
 //
 // A save directory holds one folder per save (step-NNNNNNNN/: model.bin in llm.c's format,
-// one optimizer shard folder per rank, train.state) and a file `latest` naming the newest
-// complete one; the folders the trainer creates are 0700 and its files 0600 (the user's
-// alone). Saving, step by step:
+// one optimizer shard folder per rank, train.state, save.manifest) and a file `latest` naming
+// the newest complete one; the folders the trainer creates are 0700 and its files 0600 (the
+// user's alone). Saving, step by step:
 //  1. write everything into step-N.tmp/ (each file fsynced; each rank its own shard);
-//  2. put step-N.tmp/ at step-N/ with spillway::replace_directory (atomic, durable);
-//  3. replace `latest` atomically (write latest.tmp, fsync, rename);
-//  4. remove older step-* folders.
-// A crash anywhere leaves `latest` naming a complete save. train.state formats 1 and 2 both
-// resume; a save is always written in format 2.
+//  2. rank 0 writes save.manifest last: the size and CRC-32C of every file of the save but the
+//     optimizer's subgroup files (shard-*/optimizer/manifest.txt lists those with their CRCs,
+//     and save.manifest covers that manifest.txt), then a manifest_crc line of its own;
+//  3. put step-N.tmp/ at step-N/ with spillway::replace_directory (atomic, durable);
+//  4. replace `latest` atomically (write latest.tmp, fsync, rename);
+//  5. remove older step-* folders.
+// A crash anywhere leaves `latest` naming a complete save. On resume each rank checks
+// model.bin, train.state and its own shard's files against save.manifest before using them;
+// a file whose size or CRC differs, or a listed file that is gone, is refused by name. Every
+// file of a save is opened by spillway::open_regular_file (a FIFO, a device or a directory in
+// its place is refused at once, never waited on). train.state formats 1 and 2 (saves made
+// before manifests, which had none) resume unchecked; a save is always written in format 3,
+// and a format-3 train.state without save.manifest beside it is refused.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +38,7 @@ struct train_state {
     std::int64_t adam_steps = 0;  // AdamW steps applied (skipped overflow steps excluded)
     float loss_scale = 1.0f;
     std::int64_t good_steps = 0;  // steps since the loss scale last changed
-    // What the steps ran on (format 2; a format-1 file leaves has_run_shape false). Resuming
+    // What the steps ran on (formats 2 and 3; format 1 leaves has_run_shape false). Resuming
     // with another gradient type would keep a loss scale meant for it, and other data, batch
     // or sequence length would not replay the same batches: both are refused.
     bool has_run_shape = false;
@@ -40,16 +48,19 @@ struct train_state {
         std::uint64_t tokens = 0;       // tokens in the data
         std::uint64_t tokens_hash = 0;  // FNV-1a of the tokens
     } shape;
+    int format = 3;  // of the train.state read (1, 2 or 3); a save always writes format 3
 };
 
 /// FNV-1a (64-bit) of the tokens' bytes: tells one token stream from another (on resume, and
 /// between ranks).
 std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens);
 
-/// Writes train.state (format 2) atomically; reads format 1 or 2. read_state throws
-/// input_error naming the file when it is truncated, of another format or out of range.
+/// Writes train.state (format 3: format 2's fields, in a save with a manifest) atomically;
+/// reads format 1, 2 or 3. read_state throws input_error naming the file when it is
+/// truncated, of another format or out of range; parse_state does the same from the bytes.
 void write_state(const std::filesystem::path& path, train_state s);
 train_state read_state(const std::filesystem::path& path);
+train_state parse_state(std::span<const std::byte> bytes, const std::filesystem::path& path);
 
 /// The folder name of the save after `step` steps: "step-%08lld".
 std::string step_folder(std::int64_t step);
@@ -65,7 +76,8 @@ void save_checkpoint(const std::filesystem::path& save_dir, std::int64_t steps_d
 /// Loads the latest save in `dir` (--resume): the model's parameters, this rank's optimizer
 /// shard (whose params are `shard`), and the state, which must have been saved from a run of
 /// the same shape as `state.shape` (checked when the save recorded it); returns the state,
-/// carrying this run's shape. Throws input_error naming the file and the problem.
+/// carrying this run's shape. Every file is checked against save.manifest first (see above).
+/// Throws input_error naming the file and the problem.
 train_state resume_checkpoint(const std::filesystem::path& dir, const options& opt,
                               const std::string& data_name, gpt2& model, optimizer& optim,
                               std::span<float> shard, const train_state& state);

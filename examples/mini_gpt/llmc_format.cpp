@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "spillway/io/durable_file.hpp"
+
 namespace mini_gpt {
 
 namespace {
@@ -17,9 +19,11 @@ namespace {
     throw input_error(path.string() + ": " + problem);
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+    return std::strerror(err);
+}
 
-std::int32_t header_field(const std::vector<std::byte>& file, std::size_t i) {
+std::int32_t header_field(std::span<const std::byte> file, std::size_t i) {
     std::int32_t v;
     std::memcpy(&v, file.data() + i * sizeof(std::int32_t), sizeof v);
     return v;
@@ -28,34 +32,31 @@ std::int32_t header_field(const std::vector<std::byte>& file, std::size_t i) {
 }  // namespace
 
 std::vector<std::byte> read_file(const std::filesystem::path& path) {
-    // O_NONBLOCK: a FIFO under the name opens at once (and is refused below) instead of
-    // waiting for a writer; it changes nothing for a regular file.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
+    // Opened through Spillway's one helper: O_NONBLOCK|O_NOFOLLOW, then fstat on the
+    // descriptor, so a FIFO, a device, a directory or a symbolic link under the name is refused
+    // at once, named, instead of blocking the open or the read.
+    spillway::unique_fd fd;
+    try {
+        fd = spillway::open_regular_file(path, "");
+    } catch (const std::system_error& e) {
+        std::string what = e.what();
+        // "<path> is a FIFO, not a regular file: Invalid argument": the errno text adds nothing.
+        const std::string tail = ": " + e.code().message();
+        if (what.find(", not a regular file") != std::string::npos && what.ends_with(tail))
+            what.resize(what.size() - tail.size());
+        throw input_error(what);
+    }
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-        int err = errno;
-        ::close(fd);
-        fail(path, "cannot stat: " + errno_text(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ::close(fd);
-        fail(path, "not a regular file");
-    }
+    if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat: " + errno_text(errno));
     std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
     std::size_t done = 0;
     while (done < out.size()) {
-        ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+        ssize_t n = ::read(fd.get(), out.data() + done, out.size() - done);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            int err = errno;
-            ::close(fd);
-            fail(path, "read failed: " + errno_text(err));
-        }
+        if (n < 0) fail(path, "read failed: " + errno_text(errno));
         if (n == 0) break;
         done += static_cast<std::size_t>(n);
     }
-    ::close(fd);
     out.resize(done);
     return out;
 }
@@ -80,27 +81,17 @@ void create_private_dirs(const std::filesystem::path& dir, std::error_code& ec) 
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes) {
     std::filesystem::path tmp = path;
     tmp += ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) fail(path, "cannot create " + tmp.string() + ": " + errno_text(errno));
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int err = n < 0 ? errno : EIO;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            fail(path, "write of " + std::to_string(bytes.size()) + " bytes failed: " + errno_text(err));
-        }
-        done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd) != 0) {
-        int err = errno;
-        ::close(fd);
+    // The temporary file is always a new one (spillway::write_file: O_CREAT|O_EXCL|O_NOFOLLOW):
+    // a stale path.tmp, left by a killed run or planted as a hard or symbolic link to a file
+    // elsewhere, is unlinked (its name only) and never written through.
+    if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+        fail(path, "cannot remove the stale " + tmp.string() + ": " + errno_text(errno));
+    try {
+        spillway::write_file(tmp, bytes, "write");
+    } catch (const std::system_error& e) {
         ::unlink(tmp.c_str());
-        fail(path, "fsync failed: " + errno_text(err));
+        fail(path, std::string("cannot write ") + e.what());
     }
-    ::close(fd);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         int err = errno;
         ::unlink(tmp.c_str());
@@ -109,14 +100,17 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::b
 }
 
 checkpoint read_checkpoint(const std::filesystem::path& path) {
-    std::vector<std::byte> file = read_file(path);
+    return parse_checkpoint(read_file(path), path);
+}
+
+checkpoint parse_checkpoint(std::span<const std::byte> file, const std::filesystem::path& path) {
     const std::size_t header_bytes = header_ints * sizeof(std::int32_t);
     if (file.size() < header_bytes)
-        fail(path, "truncated checkpoint: " + std::to_string(file.size()) + " bytes, shorter than the " +
-                       std::to_string(header_bytes) + "-byte header");
+        fail(path, "truncated checkpoint: " + std::to_string(file.size()) +
+                       " bytes, shorter than the " + std::to_string(header_bytes) + "-byte header");
     if (header_field(file, 0) != checkpoint_magic)
-        fail(path, "bad magic " + std::to_string(header_field(file, 0)) + " (an llm.c checkpoint has " +
-                       std::to_string(checkpoint_magic) + ")");
+        fail(path, "bad magic " + std::to_string(header_field(file, 0)) +
+                       " (an llm.c checkpoint has " + std::to_string(checkpoint_magic) + ")");
     if (header_field(file, 1) != checkpoint_version)
         fail(path, "unsupported checkpoint version " + std::to_string(header_field(file, 1)) +
                        " (only version 3, fp32, is read)");
@@ -135,7 +129,8 @@ checkpoint read_checkpoint(const std::filesystem::path& path) {
     param_layout layout(ck.config);
     std::size_t want = header_bytes + layout.total * sizeof(float);
     if (file.size() != want)
-        fail(path, std::string(file.size() < want ? "truncated checkpoint" : "checkpoint has trailing bytes") +
+        fail(path, std::string(file.size() < want ? "truncated checkpoint"
+                                                  : "checkpoint has trailing bytes") +
                        ": " + std::to_string(file.size()) + " bytes, the header's config needs " +
                        std::to_string(want));
     ck.params.resize(layout.total);
@@ -144,14 +139,18 @@ checkpoint read_checkpoint(const std::filesystem::path& path) {
     for (std::size_t i = 0; i < ck.params.size(); ++i)
         if (!std::isfinite(ck.params[i])) {
             int kind = 0;
-            while (kind + 1 < num_param_tensors && layout.llmc_offsets[static_cast<std::size_t>(kind) + 1] <= i) ++kind;
-            fail(path, "parameter " + std::to_string(i) + " (in " + param_names[static_cast<std::size_t>(kind)] +
-                           ") is " + (std::isnan(ck.params[i]) ? "NaN" : "infinite"));
+            while (kind + 1 < num_param_tensors &&
+                   layout.llmc_offsets[static_cast<std::size_t>(kind) + 1] <= i)
+                ++kind;
+            fail(path, "parameter " + std::to_string(i) + " (in " +
+                           param_names[static_cast<std::size_t>(kind)] + ") is " +
+                           (std::isnan(ck.params[i]) ? "NaN" : "infinite"));
         }
     return ck;
 }
 
-void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config, std::span<const float> params) {
+void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config,
+                      std::span<const float> params) {
     param_layout layout(config);
     if (params.size() != layout.total)
         throw std::invalid_argument("write_checkpoint: " + std::to_string(params.size()) +
@@ -167,7 +166,8 @@ void write_checkpoint(const std::filesystem::path& path, const gpt2_config& conf
     header[7] = config.padded_vocab_size;
     std::vector<std::byte> file(header_ints * sizeof(std::int32_t) + params.size_bytes());
     std::memcpy(file.data(), header.data(), header_ints * sizeof(std::int32_t));
-    std::memcpy(file.data() + header_ints * sizeof(std::int32_t), params.data(), params.size_bytes());
+    std::memcpy(file.data() + header_ints * sizeof(std::int32_t), params.data(),
+                params.size_bytes());
     write_file_atomic(path, file);
 }
 
@@ -175,18 +175,20 @@ std::vector<std::uint16_t> read_tokens(const std::filesystem::path& path) {
     std::vector<std::byte> file = read_file(path);
     const std::size_t header_bytes = header_ints * sizeof(std::int32_t);
     if (file.size() < header_bytes)
-        fail(path, "truncated token file: " + std::to_string(file.size()) + " bytes, shorter than the " +
-                       std::to_string(header_bytes) + "-byte header");
+        fail(path, "truncated token file: " + std::to_string(file.size()) +
+                       " bytes, shorter than the " + std::to_string(header_bytes) + "-byte header");
     if (header_field(file, 0) != tokens_magic)
-        fail(path, "bad magic " + std::to_string(header_field(file, 0)) + " (an llm.c token file has " +
-                       std::to_string(tokens_magic) + ")");
+        fail(path, "bad magic " + std::to_string(header_field(file, 0)) +
+                       " (an llm.c token file has " + std::to_string(tokens_magic) + ")");
     if (header_field(file, 1) != tokens_version)
-        fail(path, "unsupported token file version " + std::to_string(header_field(file, 1)) + " (expected 1)");
+        fail(path, "unsupported token file version " + std::to_string(header_field(file, 1)) +
+                       " (expected 1)");
     std::int32_t count = header_field(file, 2);
     if (count < 0) fail(path, "negative token count " + std::to_string(count));
     std::size_t want = header_bytes + static_cast<std::size_t>(count) * sizeof(std::uint16_t);
     if (file.size() != want)
-        fail(path, std::string(file.size() < want ? "truncated token file" : "token file has trailing bytes") +
+        fail(path, std::string(file.size() < want ? "truncated token file"
+                                                  : "token file has trailing bytes") +
                        ": " + std::to_string(file.size()) + " bytes, the header's count of " +
                        std::to_string(count) + " tokens needs " + std::to_string(want));
     std::vector<std::uint16_t> tokens(static_cast<std::size_t>(count));
@@ -201,7 +203,8 @@ void write_tokens(const std::filesystem::path& path, std::span<const std::uint16
     header[2] = static_cast<std::int32_t>(tokens.size());
     std::vector<std::byte> file(header_ints * sizeof(std::int32_t) + tokens.size_bytes());
     std::memcpy(file.data(), header.data(), header_ints * sizeof(std::int32_t));
-    std::memcpy(file.data() + header_ints * sizeof(std::int32_t), tokens.data(), tokens.size_bytes());
+    std::memcpy(file.data() + header_ints * sizeof(std::int32_t), tokens.data(),
+                tokens.size_bytes());
     write_file_atomic(path, file);
 }
 

@@ -43,9 +43,12 @@ struct checkpoint {
 
 /// Reads an llm.c fp32 checkpoint. Throws input_error naming the path and the problem.
 checkpoint read_checkpoint(const std::filesystem::path& path);
+/// The same, from the file's bytes already read (`path` names them in messages).
+checkpoint parse_checkpoint(std::span<const std::byte> file, const std::filesystem::path& path);
 
 /// Writes an llm.c fp32 checkpoint (mode 0600, atomically replaced).
-void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config, std::span<const float> params);
+void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config,
+                      std::span<const float> params);
 
 /// Reads an llm.c token file. Throws input_error naming the path and the problem.
 std::vector<std::uint16_t> read_tokens(const std::filesystem::path& path);
@@ -53,13 +56,18 @@ std::vector<std::uint16_t> read_tokens(const std::filesystem::path& path);
 /// Writes an llm.c token file (mode 0600, atomically replaced).
 void write_tokens(const std::filesystem::path& path, std::span<const std::uint16_t> tokens);
 
-/// Writes `bytes` to `path` through path.tmp + fsync + rename, mode 0600.
+/// Writes `bytes` to `path` through path.tmp + fsync + rename, mode 0600. path.tmp is always
+/// created anew (O_EXCL|O_NOFOLLOW; a stale one is unlinked first), so a hard or symbolic
+/// link left under that name is never written through; the rename replaces a link at `path`
+/// itself, never the file it points to.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
 /// Creates `dir` and its missing parents, each new one with mode 0700 (the user's alone, as
 /// the files in it); directories that already exist keep their mode. Reports failure in `ec`.
 void create_private_dirs(const std::filesystem::path& dir, std::error_code& ec);
 
-/// Reads a whole file; throws input_error naming the path and errno text.
+/// Reads a whole file, opened by spillway::open_regular_file (never blocks on a FIFO or a
+/// device); throws input_error naming the path and what is there ("is a FIFO, not a regular
+/// file") or the errno text.
 std::vector<std::byte> read_file(const std::filesystem::path& path);
 
 }  // namespace mini_gpt

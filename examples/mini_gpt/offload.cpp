@@ -28,6 +28,7 @@
 #include <functional>
 #include <optional>
 #include <sstream>
+#include <system_error>
 #include <tuple>
 #include <utility>
 #include <unistd.h>
@@ -138,10 +139,20 @@ public:
     }
     void load(const std::filesystem::path& dir, std::span<float> params) override {
         auto saved = dir / "optimizer";
-        if (!std::filesystem::exists(saved / "manifest.txt"))
-            throw input_error(saved.string() +
-                              ": missing (this save was made with --offload none|activations; "
-                              "resume with the same mode)");
+        std::error_code ec;
+        if (!std::filesystem::exists(std::filesystem::symlink_status(saved, ec)))
+            throw input_error(
+                saved.string() + ": missing (" +
+                (std::filesystem::exists(std::filesystem::symlink_status(dir / "moments.bin", ec))
+                     ? "this save was made with --offload none|activations; resume with the "
+                       "same mode)"
+                     : "the save has no optimizer state for this rank)"));
+        // The folder is there and its manifest is not: an incomplete or damaged save, not
+        // another mode's (restore() names a manifest that is there but unreadable).
+        if (!std::filesystem::exists(std::filesystem::symlink_status(saved / "manifest.txt", ec)))
+            throw input_error((saved / "manifest.txt").string() +
+                              ": missing (the optimizer's manifest; its subgroup files cannot "
+                              "be checked or restored without it)");
         try {
             pipe_.reset(new pipeline(pipeline::restore(saved, *tier_, config(), options(params))));
         } catch (const std::invalid_argument& e) {

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "llmc_format.hpp"
 #include "spillway/optim/adam.hpp"
@@ -15,7 +17,8 @@ constexpr std::uint64_t moments_magic = 0x4d475054'4d4f4d31ull;  // "MGPTMOM1"
 
 }  // namespace
 
-void write_moments(const std::filesystem::path& path, std::span<const float> m, std::span<const float> v) {
+void write_moments(const std::filesystem::path& path, std::span<const float> m,
+                   std::span<const float> v) {
     std::uint64_t head[2] = {moments_magic, m.size()};
     std::vector<std::byte> b(sizeof head + m.size_bytes() + v.size_bytes());
     std::memcpy(b.data(), head, sizeof head);
@@ -28,12 +31,14 @@ void read_moments(const std::filesystem::path& path, std::span<float> m, std::sp
     auto b = read_file(path);
     std::uint64_t head[2] = {0, 0};
     if (b.size() >= sizeof head) std::memcpy(head, b.data(), sizeof head);
-    if (head[0] != moments_magic) throw input_error(path.string() + ": bad magic (not a mini_gpt moments file)");
+    if (head[0] != moments_magic)
+        throw input_error(path.string() + ": bad magic (not a mini_gpt moments file)");
     if (head[1] != m.size())
         throw input_error(path.string() + ": holds moments of " + std::to_string(head[1]) +
                           " parameters, the model has " + std::to_string(m.size()));
     if (b.size() != sizeof head + m.size_bytes() + v.size_bytes())
-        throw input_error(path.string() + ": truncated moments file (" + std::to_string(b.size()) + " bytes)");
+        throw input_error(path.string() + ": truncated moments file (" + std::to_string(b.size()) +
+                          " bytes)");
     std::memcpy(m.data(), b.data() + sizeof head, m.size_bytes());
     std::memcpy(v.data(), b.data() + sizeof head + m.size_bytes(), v.size_bytes());
 }
@@ -42,7 +47,8 @@ namespace {
 
 class memory_optimizer final : public optimizer {
 public:
-    memory_optimizer(const optimizer_settings& s, std::size_t count) : s_(s), m_(count, 0.0f), v_(count, 0.0f) {}
+    memory_optimizer(const optimizer_settings& s, std::size_t count)
+        : s_(s), m_(count, 0.0f), v_(count, 0.0f) {}
 
     void init(std::span<float>) override {
         std::fill(m_.begin(), m_.end(), 0.0f);
@@ -50,16 +56,24 @@ public:
     }
     void load(const std::filesystem::path& dir, std::span<float>) override {
         auto file = dir / "moments.bin";
-        if (!std::filesystem::exists(file))
-            throw input_error(file.string() +
-                              ": missing (this save was made with --offload optimizer|all; resume with the same mode)");
+        std::error_code ec;
+        if (!std::filesystem::exists(std::filesystem::symlink_status(file, ec)))
+            throw input_error(
+                file.string() + ": missing" +
+                (std::filesystem::exists(std::filesystem::symlink_status(dir / "optimizer", ec))
+                     ? " (this save was made with --offload optimizer|all; resume with the same "
+                       "mode)"
+                     : ""));
         read_moments(file, m_, v_);
     }
     double check(float grad_scale, const grad_span& grads) override {
-        return std::visit([&](auto g) { return spillway::grad_sum_squares(g, grad_scale, s_.pool); }, grads);
+        return std::visit(
+            [&](auto g) { return spillway::grad_sum_squares(g, grad_scale, s_.pool); }, grads);
     }
-    void step(std::int64_t t, float grad_scale, const grad_span& grads, std::span<float> params) override {
-        spillway::adamw_config cfg{s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps, s_.adam.weight_decay};
+    void step(std::int64_t t, float grad_scale, const grad_span& grads,
+              std::span<float> params) override {
+        spillway::adamw_config cfg{s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps,
+                                   s_.adam.weight_decay};
         spillway::adamw_step_args args;
         args.step = t;
         args.grad_scale = grad_scale;
@@ -68,11 +82,14 @@ public:
         std::visit(
             [&](auto g) {
                 using G = typename decltype(g)::element_type;
-                spillway::adamw_step<std::remove_const_t<G>>(cfg, args, params, m_, v_, g, {}, s_.pool);
+                spillway::adamw_step<std::remove_const_t<G>>(cfg, args, params, m_, v_, g, {},
+                                                             s_.pool);
             },
             grads);
     }
-    void save(const std::filesystem::path& dir) override { write_moments(dir / "moments.bin", m_, v_); }
+    void save(const std::filesystem::path& dir) override {
+        write_moments(dir / "moments.bin", m_, v_);
+    }
 
 private:
     optimizer_settings s_;

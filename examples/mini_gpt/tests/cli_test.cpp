@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -71,6 +73,36 @@ result run(const std::filesystem::path& dir, std::vector<std::string> args) {
     return r;
 }
 
+/// Runs mini_gpt with `args` like run(), but kills it with SIGKILL after `limit` seconds (status
+/// 128 + 9): a run that would block for ever fails the test instead of hanging it.
+result run_within(const std::filesystem::path& dir, std::vector<std::string> args, int limit) {
+    auto out = dir / "stdout.txt", err = dir / "stderr.txt";
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        ::dup2(o, 1);
+        ::dup2(e, 2);
+        exec_mini_gpt(args);
+    }
+    int st = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit);
+    while (::waitpid(pid, &st, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &st, 0);
+            break;
+        }
+        ::usleep(10'000);
+    }
+    result r;
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+}
+
 /// Runs mini_gpt with `args` (which must include --json) and kills it with SIGKILL once it
 /// reported `step`.
 void kill_after_step(std::vector<std::string> args, int step) {
@@ -102,8 +134,9 @@ void kill_after_step(std::vector<std::string> args, int step) {
 }
 
 std::vector<std::string> tiny_args() {
-    return {"--layers", "2", "--channels", "32", "--heads", "4", "--max-seq", "16", "--seq", "16", "--batch", "2",
-            "--threads", "2", "--corpus-bytes", "8192", "--lr", "1e-3"};
+    return {"--layers",  "2",  "--channels",     "32",   "--heads", "4",
+            "--max-seq", "16", "--seq",          "16",   "--batch", "2",
+            "--threads", "2",  "--corpus-bytes", "8192", "--lr",    "1e-3"};
 }
 
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -135,7 +168,9 @@ std::vector<std::string> json_values(const std::string& out, const std::string& 
     return v;
 }
 
-std::vector<std::string> json_losses(const std::string& out) { return json_values(out, "loss"); }
+std::vector<std::string> json_losses(const std::string& out) {
+    return json_values(out, "loss");
+}
 
 }  // namespace
 
@@ -144,15 +179,19 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
     const auto d = dir.path();
     // A good checkpoint and token file to corrupt.
     auto good = d / "good.bin";
-    REQUIRE(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", good.string()}).status == 0);
+    REQUIRE(run(d, tiny_args() +
+                       std::vector<std::string>{"--steps", "1", "--save-model", good.string()})
+                .status == 0);
     auto ck = read_file(good);
     std::vector<std::uint16_t> toks(100, 65);
     write_tokens(d / "tokens.bin", toks);
     auto tk = read_file(d / "tokens.bin");
 
     SUBCASE("missing files") {
-        expect_refused(run(d, {"--model", (d / "nope.bin").string()}), {"nope.bin", "No such file"});
-        expect_refused(run(d, {"--data", (d / "nodata.bin").string()}), {"nodata.bin", "No such file"});
+        expect_refused(run(d, {"--model", (d / "nope.bin").string()}),
+                       {"nope.bin", "No such file"});
+        expect_refused(run(d, {"--data", (d / "nodata.bin").string()}),
+                       {"nodata.bin", "No such file"});
     }
     SUBCASE("wrong magic and version") {
         auto bad = ck;
@@ -162,62 +201,79 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         bad = ck;
         bad[4] = std::byte{5};
         write_bytes(d / "version.bin", bad);
-        expect_refused(run(d, {"--model", (d / "version.bin").string()}), {"version.bin", "version 5"});
+        expect_refused(run(d, {"--model", (d / "version.bin").string()}),
+                       {"version.bin", "version 5"});
         auto badt = tk;
         badt[0] = std::byte{0};
         write_bytes(d / "tmagic.bin", badt);
-        expect_refused(run(d, {"--data", (d / "tmagic.bin").string()}), {"tmagic.bin", "bad magic"});
+        expect_refused(run(d, {"--data", (d / "tmagic.bin").string()}),
+                       {"tmagic.bin", "bad magic"});
         badt = tk;
         badt[4] = std::byte{2};
         write_bytes(d / "tversion.bin", badt);
-        expect_refused(run(d, {"--data", (d / "tversion.bin").string()}), {"tversion.bin", "version 2"});
+        expect_refused(run(d, {"--data", (d / "tversion.bin").string()}),
+                       {"tversion.bin", "version 2"});
     }
     SUBCASE("truncated files") {
         auto cut = ck;
         cut.resize(cut.size() - 4);
         write_bytes(d / "cut.bin", cut);
-        expect_refused(run(d, {"--model", (d / "cut.bin").string()}), {"cut.bin", "truncated checkpoint"});
+        expect_refused(run(d, {"--model", (d / "cut.bin").string()}),
+                       {"cut.bin", "truncated checkpoint"});
         cut.resize(100);
         write_bytes(d / "cut_header.bin", cut);
-        expect_refused(run(d, {"--model", (d / "cut_header.bin").string()}), {"cut_header.bin", "truncated"});
+        expect_refused(run(d, {"--model", (d / "cut_header.bin").string()}),
+                       {"cut_header.bin", "truncated"});
         auto cutt = tk;
         cutt.resize(cutt.size() - 1);
         write_bytes(d / "cut_tokens.bin", cutt);
-        expect_refused(run(d, {"--data", (d / "cut_tokens.bin").string()}), {"cut_tokens.bin", "truncated token file"});
+        expect_refused(run(d, {"--data", (d / "cut_tokens.bin").string()}),
+                       {"cut_tokens.bin", "truncated token file"});
     }
     SUBCASE("tokens out of range and too few tokens") {
         std::vector<std::uint16_t> bad(200, 65);
         bad[57] = 300;
         write_tokens(d / "range.bin", bad);
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--data", (d / "range.bin").string()}),
-                       {"range.bin", "token 300 at position 57", "out of range"});
+        expect_refused(
+            run(d, tiny_args() + std::vector<std::string>{"--data", (d / "range.bin").string()}),
+            {"range.bin", "token 300 at position 57", "out of range"});
         write_tokens(d / "short.bin", std::vector<std::uint16_t>(10, 65));
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--data", (d / "short.bin").string()}),
-                       {"short.bin", "fewer than one batch"});
+        expect_refused(
+            run(d, tiny_args() + std::vector<std::string>{"--data", (d / "short.bin").string()}),
+            {"short.bin", "fewer than one batch"});
     }
     SUBCASE("a config that does not divide, a checkpoint whose header does not") {
-        expect_refused(run(d, {"--channels", "30", "--heads", "4"}), {"--channels 30", "not divisible"});
+        expect_refused(run(d, {"--channels", "30", "--heads", "4"}),
+                       {"--channels 30", "not divisible"});
         auto bad = ck;
         std::int32_t heads = 5;  // channels 32 is not divisible by 5
         std::memcpy(bad.data() + 5 * sizeof(std::int32_t), &heads, sizeof heads);
         write_bytes(d / "heads.bin", bad);
-        expect_refused(run(d, {"--model", (d / "heads.bin").string()}), {"heads.bin", "not divisible by num_heads 5"});
+        expect_refused(run(d, {"--model", (d / "heads.bin").string()}),
+                       {"heads.bin", "not divisible by num_heads 5"});
     }
     SUBCASE("unwritable paths") {
         // A path under a regular file cannot be created (ENOTDIR), even for root.
         auto under = (d / "good.bin" / "x").string();
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", under}),
-                       {under, "--save-model"});
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save", under}), {under, "--save"});
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--offload", "all", "--path", under}),
+        expect_refused(
+            run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", under}),
+            {under, "--save-model"});
+        expect_refused(
+            run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save", under}),
+            {under, "--save"});
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--offload",
+                                                                     "all", "--path", under}),
                        {under, "--path"});
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--trace", under}), {under, "--trace"});
+        expect_refused(
+            run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--trace", under}),
+            {under, "--trace"});
     }
     SUBCASE("bad flags") {
         expect_refused(run(d, {"--bogus"}), {"--bogus", "unknown flag"});
         expect_refused(run(d, {"--offload", "disk"}), {"--offload", "disk"});
         expect_refused(run(d, {"--grad-dtype", "fp8"}), {"--grad-dtype", "fp8"});
-        expect_refused(run(d, {"--update-under-forward", "maybe"}), {"--update-under-forward", "maybe"});
+        expect_refused(run(d, {"--update-under-forward", "maybe"}),
+                       {"--update-under-forward", "maybe"});
         expect_refused(run(d, {"--order", "random"}), {"--order", "random"});
         expect_refused(run(d, {"--batch", "zero"}), {"--batch", "zero"});
         expect_refused(run(d, {"--act-recompute", "yes"}), {"--act-recompute", "yes"});
@@ -225,12 +281,13 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         // the recompute) is refused before training, not when backward first loads that layer.
         expect_refused(run(d, {"--offload", "activations", "--batch", "16", "--act-budget", "5"}),
                        {"--act-budget", "5.0 MiB", "is below"});
-        expect_refused(run(d, {"--offload", "activations", "--batch", "16", "--act-budget", "9", "--act-recompute",
-                               "off"}),
+        expect_refused(run(d, {"--offload", "activations", "--batch", "16", "--act-budget", "9",
+                               "--act-recompute", "off"}),
                        {"--act-budget", "9.0 MiB", "is below"});
         expect_refused(run(d, {"--resume", (d / "nosave").string()}), {"nosave", "latest"});
         // An empty path would silently mean "none".
-        for (const char* flag : {"--model", "--data", "--save", "--save-model", "--resume", "--trace", "--path", "--lock-dir"})
+        for (const char* flag : {"--model", "--data", "--save", "--save-model", "--resume",
+                                 "--trace", "--path", "--lock-dir"})
             expect_refused(run(d, {flag, ""}), {flag, "empty path"});
         // AdamW's settings are checked before training, even with --steps 0.
         expect_refused(run(d, {"--steps", "0", "--beta1", "1"}), {"--beta1", "must be below 1"});
@@ -238,31 +295,52 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         expect_refused(run(d, {"--steps", "0", "--eps", "0"}), {"--eps", "must be above 0"});
         expect_refused(run(d, {"--subgroup", "1"}), {"--subgroup", "outside [1024"});
         // The shape of a model from --model is its header's: a shape flag beside it is refused.
-        expect_refused(run(d, {"--model", good.string(), "--channels", "64"}), {"--channels", "comes from --model"});
+        expect_refused(run(d, {"--model", good.string(), "--channels", "64"}),
+                       {"--channels", "comes from --model"});
         // --save-model naming a directory fails before training, not after it.
         std::filesystem::create_directories(d / "adir");
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model", (d / "adir").string()}),
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--save-model",
+                                                                     (d / "adir").string()}),
                        {"adir", "--save-model names a directory"});
     }
     SUBCASE("a corrupted train.state, and a save already past --steps") {
         const auto saves = d / "s";
-        REQUIRE(run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--save", saves.string(), "--save-every", "1"})
+        REQUIRE(run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--save",
+                                                              saves.string(), "--save-every", "1"})
                     .status == 0);
         std::string latest = slurp(saves / "latest");
         const auto state = saves / latest / "train.state";
         auto bytes = read_file(state);
         const auto good_state = bytes;
+        const auto manifest = saves / latest / "save.manifest";
+        const auto good_manifest = read_file(manifest);
         const std::int64_t next_step = -1000;  // the field after the 8-byte magic
         std::memcpy(bytes.data() + 8, &next_step, sizeof next_step);
         write_bytes(state, bytes);
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "4", "--resume", saves.string()}),
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "4", "--resume",
+                                                                     saves.string()}),
+                       {"train.state", "corrupted", "CRC-32C", "save.manifest"});
+        // A save made before manifests (train.state format 2, no save.manifest) is still
+        // checked field by field.
+        const std::uint64_t magic_v2 = 0x4d475054'53544132ull;
+        std::memcpy(bytes.data(), &magic_v2, sizeof magic_v2);
+        write_bytes(state, bytes);
+        std::filesystem::remove(manifest);
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "4", "--resume",
+                                                                     saves.string()}),
                        {"train.state", "corrupted state", "next step -1000"});
         write_bytes(state, good_state);
-        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--resume", saves.string()}),
+        write_bytes(manifest, good_manifest);
+        expect_refused(run(d, tiny_args() + std::vector<std::string>{"--steps", "1", "--resume",
+                                                                     saves.string()}),
                        {"--steps 1", "already at step 2"});
-        CHECK(run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--resume", saves.string()}).status == 0);
+        CHECK(run(d, tiny_args() +
+                         std::vector<std::string>{"--steps", "3", "--resume", saves.string()})
+                  .status == 0);
     }
-    SUBCASE("a resume refuses another gradient type, batch, sequence length or data; a format-1 state resumes") {
+    SUBCASE(
+        "a resume refuses another gradient type, batch, sequence length or data; a format-1 state "
+        "resumes") {
         const auto saves = d / "r";
         std::vector<std::uint16_t> a(400), b(400);
         for (std::size_t i = 0; i < a.size(); ++i) {
@@ -273,16 +351,25 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         write_tokens(d / "b.bin", b);
         write_tokens(d / "short_a.bin", std::vector<std::uint16_t>(a.begin(), a.begin() + 300));
         auto with = [&](std::vector<std::string> extra) {
-            return tiny_args() + std::vector<std::string>{"--grad-dtype", "fp16", "--data", (d / "a.bin").string()} + extra;
+            return tiny_args() +
+                   std::vector<std::string>{"--grad-dtype", "fp16", "--data",
+                                            (d / "a.bin").string()} +
+                   extra;
         };
-        REQUIRE(run(d, with({"--steps", "2", "--save", saves.string(), "--save-every", "2"})).status == 0);
-        const auto resume = std::vector<std::string>{"--steps", "4", "--resume", saves.string(), "--json"};
+        REQUIRE(
+            run(d, with({"--steps", "2", "--save", saves.string(), "--save-every", "2"})).status ==
+            0);
+        const auto resume =
+            std::vector<std::string>{"--steps", "4", "--resume", saves.string(), "--json"};
         auto r = [&](std::vector<std::string> extra) { return run(d, with(extra) + resume); };
-        expect_refused(r({"--grad-dtype", "fp32"}), {"--grad-dtype fp32", "made with fp16 gradients"});
+        expect_refused(r({"--grad-dtype", "fp32"}),
+                       {"--grad-dtype fp32", "made with fp16 gradients"});
         expect_refused(r({"--batch", "1"}), {"--batch 1 --seq 16", "made with --batch 2 --seq 16"});
         expect_refused(r({"--seq", "8"}), {"--batch 2 --seq 8", "made with --batch 2 --seq 16"});
-        expect_refused(r({"--data", (d / "b.bin").string()}), {"b.bin", "not the data", "400 tokens there, 400 here, other values"});
-        expect_refused(r({"--data", (d / "short_a.bin").string()}), {"short_a.bin", "400 tokens there, 300 here"});
+        expect_refused(r({"--data", (d / "b.bin").string()}),
+                       {"b.bin", "not the data", "400 tokens there, 400 here, other values"});
+        expect_refused(r({"--data", (d / "short_a.bin").string()}),
+                       {"short_a.bin", "400 tokens there, 300 here"});
         auto straight = run(d, with({"--steps", "4", "--json"}));
         REQUIRE(straight.status == 0);
         auto want = json_losses(straight.out);
@@ -300,9 +387,10 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         std::vector<std::byte> v1(8 + 32);
         const std::uint64_t magic_v1 = 0x4d475054'53544154ull;
         std::memcpy(v1.data(), &magic_v1, 8);
-        std::memcpy(v1.data() + 8, v2.data() + 8, 20);        // next step, AdamW steps, loss scale
-        std::memcpy(v1.data() + 8 + 24, v2.data() + 28, 8);   // good steps, after 4 bytes of padding
+        std::memcpy(v1.data() + 8, v2.data() + 8, 20);       // next step, AdamW steps, loss scale
+        std::memcpy(v1.data() + 8 + 24, v2.data() + 28, 8);  // good steps, after 4 bytes of padding
         write_bytes(state, v1);
+        std::filesystem::remove(state.parent_path() / "save.manifest");  // format 1 had none
         auto from_v1 = r({});
         REQUIRE(from_v1.status == 0);
         CHECK(json_losses(from_v1.out) == got);
@@ -311,7 +399,8 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
         // channels 2^30 and a padded vocabulary near 2^31: the parameter count wraps to 0 in
         // 64 bits, so a header-only file would pass the size check.
         auto huge = ck;
-        const std::int32_t fields[] = {2147483647, 256, 1, 1, 1 << 30, 2147483634};  // maxT, V, L, NH, C, Vp
+        const std::int32_t fields[] = {2147483647, 256,     1,
+                                       1,          1 << 30, 2147483634};  // maxT, V, L, NH, C, Vp
         std::memcpy(huge.data() + 2 * sizeof(std::int32_t), fields, sizeof fields);
         huge.resize(256 * sizeof(std::int32_t));
         write_bytes(d / "huge.bin", huge);
@@ -319,9 +408,11 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
                        {"huge.bin", "more than the 2^38"});
         auto nan = ck;
         const float not_a_number = std::nanf("");
-        std::memcpy(nan.data() + 256 * sizeof(std::int32_t) + 5 * sizeof(float), &not_a_number, sizeof not_a_number);
+        std::memcpy(nan.data() + 256 * sizeof(std::int32_t) + 5 * sizeof(float), &not_a_number,
+                    sizeof not_a_number);
         write_bytes(d / "nan.bin", nan);
-        expect_refused(run(d, {"--model", (d / "nan.bin").string()}), {"nan.bin", "parameter 5 (in wte) is NaN"});
+        expect_refused(run(d, {"--model", (d / "nan.bin").string()}),
+                       {"nan.bin", "parameter 5 (in wte) is NaN"});
         REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
         expect_refused(run(d, {"--model", (d / "fifo").string()}), {"fifo", "not a regular file"});
         expect_refused(run(d, {"--data", (d / "fifo").string()}), {"fifo", "not a regular file"});
@@ -332,16 +423,25 @@ TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted
     spillway::test::temp_dir dir("mini_gpt_cli");
     const auto d = dir.path();
     const int steps = 10;
-    auto common = tiny_args() + std::vector<std::string>{"--steps", std::to_string(steps), "--json", "--offload", "all",
-                                                         "--path", (d / "p").string(), "--lock-dir", (d / "locks").string(),
-                                                         "--grad-dtype", "bf16"};
+    auto common = tiny_args() + std::vector<std::string>{"--steps",
+                                                         std::to_string(steps),
+                                                         "--json",
+                                                         "--offload",
+                                                         "all",
+                                                         "--path",
+                                                         (d / "p").string(),
+                                                         "--lock-dir",
+                                                         (d / "locks").string(),
+                                                         "--grad-dtype",
+                                                         "bf16"};
     auto straight = run(d, common);
     REQUIRE(straight.status == 0);
     auto want = json_losses(straight.out);
     REQUIRE(want.size() == static_cast<std::size_t>(steps));
 
     // Start the same run with saves every 3 steps; kill it once it reported step 7.
-    auto args = common + std::vector<std::string>{"--save", (d / "saves").string(), "--save-every", "3"};
+    auto args =
+        common + std::vector<std::string>{"--save", (d / "saves").string(), "--save-every", "3"};
     kill_after_step(args, 7);
     // The latest complete save is step 6 (or 9 if the kill landed after it).
     std::string latest = slurp(d / "saves" / "latest");
@@ -357,7 +457,215 @@ TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[from + i]);
 }
 
-TEST_CASE("the default paths a killed run left are removed by the next run, a running one's are not") {
+TEST_CASE(
+    "every file of a save is covered by a CRC-32C in save.manifest; a damaged one is refused by "
+    "name") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    for (const std::string mode : {"none", "all"}) {
+        CAPTURE(mode);
+        const auto common =
+            tiny_args() + std::vector<std::string>{"--offload",  mode,
+                                                   "--path",     (d / "p").string(),
+                                                   "--lock-dir", (d / "locks").string(),
+                                                   "--json"};
+        const auto saves = d / ("saves-" + mode);
+        auto straight = run(d, common + std::vector<std::string>{"--steps", "22"});
+        REQUIRE(straight.status == 0);
+        const auto want = json_losses(straight.out);
+        REQUIRE(run(d, common + std::vector<std::string>{"--steps", "20", "--save", saves.string(),
+                                                         "--save-every", "5"})
+                    .status == 0);
+        const auto save = saves / slurp(saves / "latest");
+        const auto resume =
+            common + std::vector<std::string>{"--steps", "22", "--resume", saves.string()};
+        // Every file but the optimizer's subgroup files is listed (its manifest.txt lists those).
+        const std::string shard_file =
+            mode == "none" ? "shard-0-of-1/moments.bin" : "shard-0-of-1/optimizer/manifest.txt";
+        const std::string listed = slurp(save / "save.manifest");
+        for (const auto& f : {std::string("model.bin"), std::string("train.state"), shard_file})
+            CHECK(listed.find(" " + f + "\n") != std::string::npos);
+        CHECK(listed.find("subgroup-") == std::string::npos);
+        CHECK(listed.find("manifest_crc ") != std::string::npos);
+
+        // One byte of `file` xor `mask`: the resume is refused with `needles`, then the file is put
+        // back.
+        auto flipped = [&](const std::filesystem::path& file, std::size_t at, unsigned mask,
+                           const std::vector<std::string>& needles) {
+            CAPTURE(file);
+            const auto good = read_file(file);
+            REQUIRE(at < good.size());
+            auto bad = good;
+            bad[at] ^= std::byte(mask);
+            write_bytes(file, bad);
+            expect_refused(run(d, resume), needles);
+            write_bytes(file, good);
+        };
+        // Bit 0 of byte 8 makes the next step 21: the resume would skip batch 20.
+        flipped(save / "train.state", 8, 1,
+                {(save / "train.state").string(), "corrupted", "CRC-32C", "save.manifest"});
+        flipped(save / "model.bin", 256 * 4 + 100, 0x10,
+                {(save / "model.bin").string(), "corrupted", "CRC-32C"});
+        flipped(save / shard_file, 20, 0x01,
+                {(save / shard_file).string(), "corrupted", "CRC-32C"});
+        flipped(save / "save.manifest", 20, 0x01,
+                {(save / "save.manifest").string(), "damaged save manifest"});
+        // A truncated file, and a listed file that is gone.
+        const auto model = read_file(save / "model.bin");
+        write_bytes(save / "model.bin", std::vector<std::byte>(model.begin(), model.end() - 4));
+        expect_refused(run(d, resume),
+                       {(save / "model.bin").string(), "save.manifest records", "truncated"});
+        write_bytes(save / "model.bin", model);
+        const auto shard = read_file(save / shard_file);
+        std::filesystem::remove(save / shard_file);
+        expect_refused(run(d, resume),
+                       {(save / shard_file).string(), "missing", "save.manifest lists it"});
+        write_bytes(save / shard_file, shard);
+        // A save written with a manifest (train.state format 3) that lost it is refused, not
+        // resumed unchecked.
+        const auto manifest = read_file(save / "save.manifest");
+        std::filesystem::remove(save / "save.manifest");
+        expect_refused(run(d, resume), {(save / "save.manifest").string(), "missing", "format 3"});
+        write_bytes(save / "save.manifest", manifest);
+        // Put back, the save resumes with the uninterrupted losses.
+        auto resumed = run(d, resume);
+        REQUIRE(resumed.status == 0);
+        const auto got = json_losses(resumed.out);
+        REQUIRE(got.size() == 2);
+        CHECK(got[0] == want[20]);
+        CHECK(got[1] == want[21]);
+    }
+}
+
+TEST_CASE("a FIFO or a directory in place of a save's file fails the resume at once, naming it") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    for (const std::string mode : {"none", "all"}) {
+        CAPTURE(mode);
+        const auto common =
+            tiny_args() + std::vector<std::string>{"--offload",  mode,
+                                                   "--path",     (d / "p").string(),
+                                                   "--lock-dir", (d / "locks").string()};
+        const auto saves = d / ("saves-" + mode);
+        REQUIRE(run(d, common + std::vector<std::string>{"--steps", "5", "--save", saves.string(),
+                                                         "--save-every", "5"})
+                    .status == 0);
+        const auto save = saves / slurp(saves / "latest");
+        const auto resume =
+            common + std::vector<std::string>{"--steps", "6", "--resume", saves.string()};
+        std::vector<std::filesystem::path> files = {saves / "latest", save / "save.manifest",
+                                                    save / "train.state", save / "model.bin"};
+        if (mode == "none") {
+            files.push_back(save / "shard-0-of-1" / "moments.bin");
+        } else {
+            files.push_back(save / "shard-0-of-1" / "optimizer" / "manifest.txt");
+            files.push_back(save / "shard-0-of-1" / "optimizer" / "subgroup-000000.bin");
+        }
+        for (const auto& file : files) {
+            CAPTURE(file);
+            auto away = file;
+            away += ".away";
+            std::filesystem::rename(file, away);
+            REQUIRE(::mkfifo(file.c_str(), 0600) == 0);
+            // A reader that opened the FIFO would wait for a writer for ever: 60 s is a hang.
+            const auto r = run_within(d, resume, 60);
+            CHECK(r.status != 128 + SIGKILL);
+            expect_refused(r, {file.string() + " is a FIFO"});
+            std::filesystem::remove(file);
+            std::filesystem::create_directory(file);
+            expect_refused(run_within(d, resume, 60), {file.string() + " is a directory"});
+            std::filesystem::remove(file);
+            std::filesystem::rename(away, file);
+        }
+        CHECK(run(d, resume).status == 0);
+    }
+}
+
+TEST_CASE(
+    "a save whose optimizer manifest.txt is gone is reported as missing, not as another --offload "
+    "mode") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    auto args = [&](const std::string& mode) {
+        return tiny_args() + std::vector<std::string>{"--offload",  mode,
+                                                      "--path",     (d / "p").string(),
+                                                      "--lock-dir", (d / "locks").string()};
+    };
+    const auto saves = d / "saves";
+    REQUIRE(run(d, args("all") + std::vector<std::string>{"--steps", "5", "--save", saves.string(),
+                                                          "--save-every", "5"})
+                .status == 0);
+    const auto save = saves / slurp(saves / "latest");
+    const auto resume = std::vector<std::string>{"--steps", "6", "--resume", saves.string()};
+    const auto optimizer_manifest = save / "shard-0-of-1" / "optimizer" / "manifest.txt";
+    // Another mode's save is still told as such.
+    expect_refused(run(d, args("none") + resume),
+                   {"moments.bin", "made with --offload optimizer|all"});
+    const auto text = read_file(optimizer_manifest);
+    std::filesystem::remove(optimizer_manifest);
+    // Checked by save.manifest, which lists it.
+    auto r = run(d, args("all") + resume);
+    expect_refused(r, {optimizer_manifest.string(), "missing"});
+    CHECK(r.err.find("--offload none") == std::string::npos);
+    // A save made before save.manifest (train.state format 2): the optimizer's own check.
+    auto state = read_file(save / "train.state");
+    const std::uint64_t magic_v2 = 0x4d475054'53544132ull;
+    std::memcpy(state.data(), &magic_v2, sizeof magic_v2);
+    write_bytes(save / "train.state", state);
+    std::filesystem::remove(save / "save.manifest");
+    r = run(d, args("all") + resume);
+    expect_refused(r, {optimizer_manifest.string(), "missing", "the optimizer's manifest"});
+    CHECK(r.err.find("--offload none") == std::string::npos);
+    write_bytes(optimizer_manifest, text);
+    CHECK(run(d, args("all") + resume).status == 0);  // such a save resumes, unchecked
+}
+
+TEST_CASE(
+    "the trainer never writes through a hard or symbolic link left where it writes its files") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    const std::string precious = "a file outside, shared through a link";
+    auto victim = [&](const std::string& name) {
+        const auto p = d / ("outside-" + name);
+        std::vector<std::byte> b(precious.size());
+        std::memcpy(b.data(), precious.data(), b.size());
+        write_bytes(p, b);
+        return p;
+    };
+    auto link_to = [](const std::filesystem::path& target, const std::filesystem::path& at) {
+        REQUIRE(::link(target.c_str(), at.c_str()) == 0);
+    };
+    // --save-model writes model.bin.tmp and renames it: a hard link or a symbolic link planted
+    // at that temporary name (a killed run's leftover, or an attacker's) is replaced, and so is
+    // one at the final name.
+    const auto hard = victim("hard"), soft = victim("soft"), final_name = victim("final"),
+               latest = victim("latest"), trace = victim("trace");
+    link_to(hard, d / "a.bin.tmp");
+    REQUIRE(::symlink(soft.c_str(), (d / "b.bin.tmp").c_str()) == 0);
+    link_to(final_name, d / "c.bin");
+    std::filesystem::create_directory(d / "saves");
+    link_to(latest, d / "saves" / "latest.tmp");
+    link_to(trace, d / "trace.json");
+    for (const char* out : {"a.bin", "b.bin", "c.bin"}) {
+        CAPTURE(out);
+        auto r = run(d, tiny_args() + std::vector<std::string>{
+                                          "--steps", "1", "--save-model", (d / out).string(),
+                                          "--save", (d / "saves").string(), "--save-every", "1",
+                                          "--trace", (d / "trace.json").string()});
+        INFO("stderr: " << r.err);
+        CHECK(r.status == 0);
+        CHECK(read_checkpoint(d / out).params.size() > 0);
+    }
+    for (const auto& p : {hard, soft, final_name, latest, trace}) {
+        CAPTURE(p);
+        CHECK(slurp(p) == precious);
+        CHECK(std::filesystem::hard_link_count(p) == 1);
+    }
+    CHECK(slurp(d / "saves" / "latest") == "step-00000001");
+}
+
+TEST_CASE(
+    "the default paths a killed run left are removed by the next run, a running one's are not") {
     spillway::test::temp_dir dir("mini_gpt_cli");
     const auto d = dir.path();
     const auto tmp = d / "tmp";
@@ -371,7 +679,8 @@ TEST_CASE("the default paths a killed run left are removed by the next run, a ru
             if (e.path().filename().string().rfind("mini_gpt-", 0) == 0) found.push_back(e.path());
         return found;
     };
-    auto common = tiny_args() + std::vector<std::string>{"--offload", "all", "--lock-dir", (d / "locks").string()};
+    auto common = tiny_args() + std::vector<std::string>{"--offload", "all", "--lock-dir",
+                                                         (d / "locks").string()};
 
     kill_after_step(common + std::vector<std::string>{"--steps", "1000", "--json"}, 2);
     auto left = scratch();
@@ -384,21 +693,25 @@ TEST_CASE("the default paths a killed run left are removed by the next run, a ru
     auto after = scratch();
     CHECK(after == std::vector<std::filesystem::path>{running.path()});
 
-    if (old_tmpdir) ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
-    else ::unsetenv("TMPDIR");
+    if (old_tmpdir)
+        ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+    else
+        ::unsetenv("TMPDIR");
 }
 
 TEST_CASE("what a killed run left on --path is removed by the next run on that path") {
     spillway::test::temp_dir dir("mini_gpt_cli");
     const auto d = dir.path();
-    auto common = tiny_args() + std::vector<std::string>{"--offload", "all", "--path", (d / "p").string(), "--lock-dir",
-                                                         (d / "locks").string()};
+    auto common = tiny_args() + std::vector<std::string>{"--offload",  "all",
+                                                         "--path",     (d / "p").string(),
+                                                         "--lock-dir", (d / "locks").string()};
     // Files of this process's folders (proc-XXXXXX) under the path's shared directories.
     auto left = [&] {
         std::size_t files = 0;
         if (std::filesystem::exists(d / "p"))
             for (const auto& e : std::filesystem::recursive_directory_iterator(d / "p"))
-                files += e.is_regular_file() && e.path().filename() != spillway::owned_directory::owner_file;
+                files += e.is_regular_file() &&
+                         e.path().filename() != spillway::owned_directory::owner_file;
         return files;
     };
     kill_after_step(common + std::vector<std::string>{"--steps", "1000", "--json"}, 2);
@@ -412,8 +725,9 @@ TEST_CASE("what a killed run left on --path is removed by the next run on that p
 TEST_CASE("--json lines, the progress table, --trace and --help") {
     spillway::test::temp_dir dir("mini_gpt_cli");
     const auto d = dir.path();
-    auto r = run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--json", "--offload", "all", "--path",
-                                                           (d / "p").string(), "--lock-dir", (d / "locks").string(),
+    auto r = run(d, tiny_args() + std::vector<std::string>{"--steps", "3", "--json", "--offload",
+                                                           "all", "--path", (d / "p").string(),
+                                                           "--lock-dir", (d / "locks").string(),
                                                            "--trace", (d / "trace.json").string()});
     REQUIRE(r.status == 0);
     // The path's node_lock files went to --lock-dir (not /dev/shm), one per direction.
@@ -425,8 +739,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     std::string line;
     int n = 0;
     while (std::getline(lines, line)) {
-        for (const char* key : {"\"step\":", "\"loss\":", "\"ms\":", "\"tokens_per_s\":", "\"act_peak_bytes\":",
-                                "\"act_all_kept_bytes\":", "\"cpu_ms\":"})
+        for (const char* key : {"\"step\":", "\"loss\":", "\"ms\":", "\"tokens_per_s\":",
+                                "\"act_peak_bytes\":", "\"act_all_kept_bytes\":", "\"cpu_ms\":"})
             CHECK(line.find(key) != std::string::npos);
         CHECK(line.front() == '{');
         CHECK(line.back() == '}');
@@ -436,21 +750,24 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     for (const auto& cpu : json_values(r.out, "cpu_ms")) CHECK(std::stod(cpu) > 0);
     // The first update (ascending) ran under the second step's forward; the second
     // (descending) and the last did not; only a step after a deferred one can wait.
-    CHECK(json_values(r.out, "update_deferred") == std::vector<std::string>{"true", "false", "false"});
+    CHECK(json_values(r.out, "update_deferred") ==
+          std::vector<std::string>{"true", "false", "false"});
     auto waits = json_values(r.out, "param_wait_ms");
     REQUIRE(waits.size() == 3);
     CHECK(std::stod(waits[0]) == 0.0);
     CHECK(std::stod(waits[2]) == 0.0);
     // In memory, the activation peak is exactly what keeping every activation holds, from
     // the first step on (the model's own buffers included).
-    auto kept = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--json", "--offload", "none"});
+    auto kept = run(
+        d, tiny_args() + std::vector<std::string>{"--steps", "2", "--json", "--offload", "none"});
     REQUIRE(kept.status == 0);
     CHECK(json_values(kept.out, "act_peak_bytes") == json_values(kept.out, "act_all_kept_bytes"));
     CHECK(json_values(kept.out, "act_all_kept_bytes").size() == 2);
     auto trace = slurp(d / "trace.json");
     CHECK(trace.find("\"traceEvents\"") != std::string::npos);
-    for (const char* name : {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step",
-                             "optimizer step (under forward 1)", "save layer 1", "load layer 0"})
+    for (const char* name :
+         {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step",
+          "optimizer step (under forward 1)", "save layer 1", "load layer 0"})
         CHECK(trace.find(name) != std::string::npos);
     // One process: no exchange between ranks, and only the file asked for.
     CHECK(trace.find("gradient exchange") == std::string::npos);
@@ -460,12 +777,15 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     CHECK(trace_path(d / "trace.json", 1) == d / "trace.rank1.json");
     CHECK(trace_path(d / "trace", 12) == d / "trace.rank12");
 
-    auto table = run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--offload", "all", "--path",
-                                                               (d / "p").string(), "--lock-dir", (d / "locks").string()});
+    auto table =
+        run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--offload", "all", "--path",
+                                                      (d / "p").string(), "--lock-dir",
+                                                      (d / "locks").string()});
     REQUIRE(table.status == 0);
-    for (const char* s : {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
-                          "activations", "stash", "optimizer", "resident set", "(update under the next forward)",
-                          "deferred update 1 of 2 updates ran under the next forward"})
+    for (const char* s :
+         {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
+          "activations", "stash", "optimizer", "resident set", "(update under the next forward)",
+          "deferred update 1 of 2 updates ran under the next forward"})
         CHECK(table.out.find(s) != std::string::npos);
     // The matmul line names the kernels OpenBLAS runs: the child inherits this process's
     // environment, so its OpenBLAS picks what this one picked.
