@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -164,14 +165,45 @@ TEST_CASE("manifest: a save of another shape is refused, naming the field") {
         "update_pipeline::restore: the manifest lists 4 subgroups, the shape implies 3");
 }
 
-TEST_CASE("manifest: a missing manifest.txt is a system_error naming the path") {
+TEST_CASE("manifest: a missing manifest.txt is a system_error saying so, naming the path") {
     test::temp_dir root("manifest-missing");
     try {
         (void)detail::read_manifest_text(root.path());
         FAIL("read a manifest that does not exist");
     } catch (const std::system_error& e) {
         CHECK(e.code().value() == ENOENT);
-        CHECK(std::string(e.what()).find((root.path() / "manifest.txt").string()) !=
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find("the manifest " + (root.path() / "manifest.txt").string() +
+                        " is missing") != std::string::npos);
+    }
+}
+
+TEST_CASE("manifest: a directory named manifest.txt is refused as a directory") {
+    // Before: the ifstream opened it, read nothing, and the empty text was "not a spillway
+    // optimizer save".
+    test::temp_dir root("manifest-dir");
+    std::filesystem::create_directory(root.path() / "manifest.txt");
+    try {
+        (void)detail::read_manifest_text(root.path());
+        FAIL("read a directory as a manifest");
+    } catch (const std::system_error& e) {
+        CHECK(e.code().value() == EISDIR);
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find((root.path() / "manifest.txt").string() + " is a directory") !=
               std::string::npos);
     }
+}
+
+TEST_CASE("manifest: the text is read back whole, and a symbolic link is not followed") {
+    test::temp_dir root("manifest-read");
+    const std::string text = manifest_text(sample()) + std::string(10000, '#');  // > one read
+    { std::ofstream(root.path() / "saved.txt", std::ios::binary) << text; }
+    std::filesystem::copy_file(root.path() / "saved.txt", root.path() / "manifest.txt");
+    CHECK(detail::read_manifest_text(root.path()) == text);
+    std::filesystem::remove(root.path() / "manifest.txt");
+    std::filesystem::create_symlink(root.path() / "saved.txt", root.path() / "manifest.txt");
+    CHECK_THROWS_WITH_AS((void)detail::read_manifest_text(root.path()),
+                         doctest::Contains("is a symbolic link"), std::system_error);
 }

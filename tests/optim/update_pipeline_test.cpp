@@ -10,9 +10,14 @@
 #include <spillway/tier/throttled_tier.hpp>
 #include <spillway/tier/virtual_tier.hpp>
 
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -20,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <random>
 #include <regex>
 #include <string>
@@ -38,13 +44,16 @@ constexpr std::size_t params_total = 8 * subgroup + 37;  // 9 subgroups, the las
 
 template <class T>
 T from_f(float x) {
-    if constexpr (std::is_same_v<T, float>) return x;
-    else return from_float<T>(x);
+    if constexpr (std::is_same_v<T, float>)
+        return x;
+    else
+        return from_float<T>(x);
 }
 
 /// Gradients of step k: normal values times `scale` (the loss scale), deterministic.
 template <class Grad>
-std::vector<Grad> make_grads(std::size_t n, std::uint64_t seed, float scale, bool with_inf = false) {
+std::vector<Grad> make_grads(std::size_t n, std::uint64_t seed, float scale,
+                             bool with_inf = false) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> d(0.0f, 0.5f);
     std::vector<Grad> g(n);
@@ -66,7 +75,10 @@ bool bits_equal(const std::vector<T>& a, const std::vector<T>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-adamw_config test_adam() { return adamw_config{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.01f}; }
+adamw_config test_adam() {
+    return adamw_config{
+        .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.01f};
+}
 
 /// The plain in-memory AdamW over the whole arrays: the reference.
 template <class Grad, class Copy>
@@ -76,12 +88,17 @@ struct reference {
     std::int64_t steps = 0;
     double max_norm;
     explicit reference(std::vector<float> init, double max_grad_norm)
-        : p(std::move(init)), m(p.size(), 0.0f), v(p.size(), 0.0f), copy(p.size()), max_norm(max_grad_norm) {}
+        : p(std::move(init)),
+          m(p.size(), 0.0f),
+          v(p.size(), 0.0f),
+          copy(p.size()),
+          max_norm(max_grad_norm) {}
     step_result step(const std::vector<Grad>& g, float scale) {
         double total = 0;
         for (std::size_t s = 0; s * subgroup < p.size(); ++s) {
             std::size_t c = std::min(subgroup, p.size() - s * subgroup);
-            total += grad_sum_squares<Grad>(std::span<const Grad>(g).subspan(s * subgroup, c), scale);
+            total +=
+                grad_sum_squares<Grad>(std::span<const Grad>(g).subspan(s * subgroup, c), scale);
         }
         if (!std::isfinite(total)) return step_result::skipped_overflow;
         float clip = max_norm > 0 ? clip_coefficient(total, max_norm) : 1.0f;
@@ -91,7 +108,8 @@ struct reference {
             r = adamw_step<Grad>(test_adam(), args, p, m, v, std::span<const Grad>(g));
             copy = p;
         } else {
-            r = adamw_step<Grad, Copy>(test_adam(), args, p, m, v, std::span<const Grad>(g), std::span<Copy>(copy));
+            r = adamw_step<Grad, Copy>(test_adam(), args, p, m, v, std::span<const Grad>(g),
+                                       std::span<Copy>(copy));
         }
         if (r == step_result::applied) ++steps;
         return r;
@@ -141,23 +159,30 @@ struct tier_box {
     }
     template <class Fn>
     void visit(Fn&& fn) {
-        if (host) fn(*host);
-        else if (file) fn(*file);
-        else fn(*vt);
+        if (host)
+            fn(*host);
+        else if (file)
+            fn(*file);
+        else
+            fn(*vt);
     }
 };
 
 template <class Grad, class Copy, class Tier>
-void run_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path, const char* what,
-                     std::size_t streaming = 3) {
+void run_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path,
+                     const char* what, std::size_t streaming = 3) {
     CAPTURE(what);
     CAPTURE(buffers);
     CAPTURE(streaming);
     CAPTURE(static_cast<int>(order));
     CAPTURE(static_cast<int>(path));
     auto init = make_params(params_total, 11);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
-                        .streaming_buffers = streaming, .adam = test_adam(), .max_grad_norm = 2.0};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = buffers,
+                        .streaming_buffers = streaming,
+                        .adam = test_adam(),
+                        .max_grad_norm = 2.0};
     pipeline_options opt;
     opt.order = order;
     opt.resident = buffers > streaming ? resident_policy::keep_last_updated : resident_policy::none;
@@ -194,13 +219,18 @@ void equivalence_over_tiers() {
         box.visit([&](auto& tier) {
             for (auto order : {subgroup_order::alternating, subgroup_order::ascending})
                 for (std::size_t buffers : {3u, 4u, 6u, 14u})
-                    run_equivalence<Grad, Copy>(tier, order, buffers, gradient_path::lazy_widening, kind_name(kind));
+                    run_equivalence<Grad, Copy>(tier, order, buffers, gradient_path::lazy_widening,
+                                                kind_name(kind));
             // More streaming buffers, with and without a resident set beside them.
-            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 8, gradient_path::lazy_widening, kind_name(kind), 5);
-            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 6, gradient_path::lazy_widening, kind_name(kind), 6);
+            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 8,
+                                        gradient_path::lazy_widening, kind_name(kind), 5);
+            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 6,
+                                        gradient_path::lazy_widening, kind_name(kind), 6);
             // The DeepSpeed-like baseline and a mixed one.
-            run_equivalence<Grad, Copy>(tier, subgroup_order::ascending, 3, gradient_path::fp32_on_tier, kind_name(kind));
-            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 5, gradient_path::fp32_on_tier, kind_name(kind));
+            run_equivalence<Grad, Copy>(tier, subgroup_order::ascending, 3,
+                                        gradient_path::fp32_on_tier, kind_name(kind));
+            run_equivalence<Grad, Copy>(tier, subgroup_order::alternating, 5,
+                                        gradient_path::fp32_on_tier, kind_name(kind));
             CHECK_MESSAGE(tier.used() == 0, "pipelines left blobs on " << kind_name(kind));
         });
     }
@@ -208,12 +238,19 @@ void equivalence_over_tiers() {
 
 }  // namespace
 
-TEST_CASE("bit-identical to the in-memory AdamW: fp16 gradients, fp16 copy") { equivalence_over_tiers<float16, float16>(); }
-TEST_CASE("bit-identical to the in-memory AdamW: bf16 gradients, bf16 copy") { equivalence_over_tiers<bfloat16, bfloat16>(); }
-TEST_CASE("bit-identical to the in-memory AdamW: fp32 gradients, fp32 copy") { equivalence_over_tiers<float, float>(); }
+TEST_CASE("bit-identical to the in-memory AdamW: fp16 gradients, fp16 copy") {
+    equivalence_over_tiers<float16, float16>();
+}
+TEST_CASE("bit-identical to the in-memory AdamW: bf16 gradients, bf16 copy") {
+    equivalence_over_tiers<bfloat16, bfloat16>();
+}
+TEST_CASE("bit-identical to the in-memory AdamW: fp32 gradients, fp32 copy") {
+    equivalence_over_tiers<float, float>();
+}
 TEST_CASE("bit-identical to the in-memory AdamW: fp16 gradients, bf16 copy") {
     host_tier tier;
-    run_equivalence<float16, bfloat16>(tier, subgroup_order::alternating, 5, gradient_path::lazy_widening, "host");
+    run_equivalence<float16, bfloat16>(tier, subgroup_order::alternating, 5,
+                                       gradient_path::lazy_widening, "host");
 }
 
 TEST_CASE("with R resident buffers every call after the first reads and writes R subgroups fewer") {
@@ -221,8 +258,8 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
     const std::size_t count = n * subgroup;
     auto init = make_params(count, 3);
     // (host buffers, streaming buffers): R = min(buffers - streaming, n).
-    const std::pair<std::size_t, std::size_t> shapes[] = {{3, 3}, {4, 3}, {5, 3}, {8, 3}, {13, 3}, {14, 3},
-                                                          {8, 5}, {8, 8}, {16, 4}};
+    const std::pair<std::size_t, std::size_t> shapes[] = {{3, 3},  {4, 3}, {5, 3}, {8, 3}, {13, 3},
+                                                          {14, 3}, {8, 5}, {8, 8}, {16, 4}};
     for (auto order : {subgroup_order::alternating, subgroup_order::ascending}) {
         for (const auto& shape : shapes) {
             // Not a structured binding: clang 14 cannot capture one (CAPTURE's lambda).
@@ -231,8 +268,11 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
             CAPTURE(streaming);
             CAPTURE(static_cast<int>(order));
             host_tier tier;
-            pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers,
-                                .streaming_buffers = streaming, .adam = test_adam()};
+            pipeline_config cfg{.param_count = count,
+                                .subgroup_size = subgroup,
+                                .host_buffers = buffers,
+                                .streaming_buffers = streaming,
+                                .adam = test_adam()};
             pipeline_options opt;
             opt.order = order;
             update_pipeline<host_tier, bfloat16> pipe(tier, cfg, init, opt);
@@ -253,8 +293,8 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
                 CHECK(st.bytes_read == reads * blob);
                 CHECK(st.bytes_written == (n - r) * blob);
                 // Through the tier's own counters, and the per-child view.
-                CHECK(after.bytes_read - before.bytes_read == reads * blob);
-                CHECK(after.bytes_written - before.bytes_written == (n - r) * blob);
+                CHECK(after.since(before).bytes_read == reads * blob);
+                CHECK(after.since(before).bytes_written == (n - r) * blob);
                 REQUIRE(st.children.size() == 1);
                 CHECK(st.children[0].bytes_read == reads * blob);
                 CHECK(st.children[0].bytes_written == (n - r) * blob);
@@ -263,13 +303,15 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
                 // disjoint stretches of the call, so together they fit in it.
                 if (reads == 0) CHECK(st.read_wait_seconds == 0);
                 CHECK(st.compute_seconds > 0);
-                CHECK(st.read_wait_seconds + st.compute_seconds + st.write_wait_seconds <= st.seconds + 1e-9);
+                CHECK(st.read_wait_seconds + st.compute_seconds + st.write_wait_seconds <=
+                      st.seconds + 1e-9);
             }
             if (order == subgroup_order::alternating && r > 0 && r < n) {
                 // The resident ones are exactly the first ones of the next order.
                 auto next = pipe.next_order();
                 auto res = pipe.resident_subgroups();
-                std::vector<std::size_t> first(next.begin(), next.begin() + static_cast<std::ptrdiff_t>(r));
+                std::vector<std::size_t> first(next.begin(),
+                                               next.begin() + static_cast<std::ptrdiff_t>(r));
                 std::sort(first.begin(), first.end());
                 CHECK(first == res);
             }
@@ -278,8 +320,8 @@ TEST_CASE("with R resident buffers every call after the first reads and writes R
 }
 
 TEST_CASE("pieces: blobs split over several keys, through a narrow window, give the same bits") {
-    const std::size_t sg = 3 * 1024;            // 36 KiB blobs: 9 pieces of 4 KiB
-    const std::size_t count = 5 * sg + 1000;    // the last subgroup short (3 pieces)
+    const std::size_t sg = 3 * 1024;          // 36 KiB blobs: 9 pieces of 4 KiB
+    const std::size_t count = 5 * sg + 1000;  // the last subgroup short (3 pieces)
     auto init = make_params(count, 23);
     for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
         tier_box box(kind);
@@ -290,8 +332,12 @@ TEST_CASE("pieces: blobs split over several keys, through a narrow window, give 
                     CAPTURE(kind_name(kind));
                     CAPTURE(window);
                     CAPTURE(static_cast<int>(path));
-                    pipeline_config cfg{.param_count = count, .subgroup_size = sg, .host_buffers = 4, .adam = test_adam(),
-                                        .piece_bytes = 4096, .pieces_in_flight = window};
+                    pipeline_config cfg{.param_count = count,
+                                        .subgroup_size = sg,
+                                        .host_buffers = 4,
+                                        .adam = test_adam(),
+                                        .piece_bytes = 4096,
+                                        .pieces_in_flight = window};
                     pipeline_options opt;
                     opt.gradients = path;
                     update_pipeline<tier_t, float16> pipe(tier, cfg, init, opt);
@@ -328,8 +374,11 @@ TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identica
             CAPTURE(buffers);
             CAPTURE(static_cast<int>(path));
             host_tier plain_tier, prefetch_tier;
-            pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers,
-                                .adam = test_adam(), .max_grad_norm = 1.5};
+            pipeline_config cfg{.param_count = count,
+                                .subgroup_size = subgroup,
+                                .host_buffers = buffers,
+                                .adam = test_adam(),
+                                .max_grad_norm = 1.5};
             pipeline_options opt;
             opt.gradients = path;
             update_pipeline<host_tier, float16> plain(plain_tier, cfg, init, opt);
@@ -343,7 +392,8 @@ TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identica
                 // Backward of the trainer: the prefetch overlaps it.
                 const std::size_t resident = pre.resident_subgroups().size();
                 const std::size_t free_buffers = buffers - resident - pre.prefetched_count();
-                const std::size_t usable = path == gradient_path::fp32_on_tier ? free_buffers - 1 : free_buffers;
+                const std::size_t usable =
+                    path == gradient_path::fp32_on_tier ? free_buffers - 1 : free_buffers;
                 const std::size_t already = pre.prefetched_count();
                 auto before = prefetch_tier.stats();
                 const std::size_t started = pre.begin_prefetch();
@@ -351,7 +401,8 @@ TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identica
                 CHECK(pre.prefetched_count() == already + started);
                 CHECK(pre.begin_prefetch() == 0);  // nothing free is left (or all are read)
                 auto after_prefetch = prefetch_tier.stats();
-                CHECK(after_prefetch.bytes_read - before.bytes_read == started * blob);  // issued before update()
+                CHECK(after_prefetch.since(before).bytes_read ==
+                      started * blob);  // issued before update()
                 auto r_pre = pre.update(g, copy_pre);
                 auto after_update = prefetch_tier.stats();
                 REQUIRE(r_pre == r_plain);
@@ -366,9 +417,10 @@ TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identica
                 // The pipeline counts every state read of the call, the tier only those of
                 // the call itself.
                 CHECK(st.subgroups_read == plain.last_stats().subgroups_read);
-                const std::uint64_t grad_bytes = path == gradient_path::fp32_on_tier ? 4 * count : 0;
+                const std::uint64_t grad_bytes =
+                    path == gradient_path::fp32_on_tier ? 4 * count : 0;
                 CHECK(st.bytes_read == st.subgroups_read * blob + grad_bytes);
-                CHECK(after_update.bytes_read - after_prefetch.bytes_read ==
+                CHECK(after_update.since(after_prefetch).bytes_read ==
                       (st.subgroups_read - st.served_from_prefetch) * blob + grad_bytes);
                 CHECK(bits_equal(copy_pre, copy_plain));
                 CHECK(bits_equal(copy_pre, ref.copy));
@@ -381,7 +433,9 @@ TEST_CASE("begin_prefetch: reads issued before update(), picked up, bit-identica
     }
 }
 
-TEST_CASE("lazy update: the first reads go out before the gradient check, and a skipped step keeps them") {
+TEST_CASE(
+    "lazy update: the first reads go out before the gradient check, and a skipped step keeps "
+    "them") {
     const std::size_t n = 10;
     const std::size_t count = n * subgroup;
     const std::uint64_t blob = 12 * subgroup;
@@ -389,8 +443,11 @@ TEST_CASE("lazy update: the first reads go out before the gradient check, and a 
     for (std::size_t buffers : {3u, 6u}) {
         CAPTURE(buffers);
         host_tier tier;
-        pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = buffers,
-                            .adam = test_adam(), .max_grad_norm = 1.5};
+        pipeline_config cfg{.param_count = count,
+                            .subgroup_size = subgroup,
+                            .host_buffers = buffers,
+                            .adam = test_adam(),
+                            .max_grad_norm = 1.5};
         update_pipeline<host_tier, float16> pipe(tier, cfg, init);
         reference<float16, float16> ref(init, 1.5);
         std::vector<float16> copy(count);
@@ -408,7 +465,8 @@ TEST_CASE("lazy update: the first reads go out before the gradient check, and a 
                 // found the overflow; the reads wait for the next call.
                 CHECK(tier.stats().bytes_written == before.bytes_written);
                 CHECK(pipe.prefetched_count() == std::min(buffers - resident, n - resident));
-                CHECK(tier.stats().bytes_read - before.bytes_read == (pipe.prefetched_count() - pending) * blob);
+                CHECK(tier.stats().since(before).bytes_read ==
+                      (pipe.prefetched_count() - pending) * blob);
                 continue;
             }
             CHECK(pipe.prefetched_count() == 0);
@@ -425,14 +483,19 @@ TEST_CASE("lazy hand-over: backward checks the gradients, update() skips the che
     const std::size_t count = n * subgroup;
     auto init = make_params(count, 31);
     host_tier tier;
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam(),
+    pipeline_config cfg{.param_count = count,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 4,
+                        .adam = test_adam(),
                         .max_grad_norm = 1.5};
     update_pipeline<host_tier, float16> pipe(tier, cfg, init);
     reference<float16, float16> ref(init, 1.5);
     std::vector<float16> copy(count);
     // The trainer's gradient buffer, refilled every step (the same span each time).
     std::vector<float16> g(count);
-    auto fill = [&](unsigned k, float scale, bool with_inf) { g = make_grads<float16>(count, 900 + k, scale, with_inf); };
+    auto fill = [&](unsigned k, float scale, bool with_inf) {
+        g = make_grads<float16>(count, 900 + k, scale, with_inf);
+    };
 
     SUBCASE("handed over: the check moves out of update(), nothing is read or written by it") {
         for (unsigned k = 0; k < 3; ++k) {
@@ -483,12 +546,37 @@ TEST_CASE("lazy hand-over: backward checks the gradients, update() skips the che
         check_state(pipe, ref);
     }
     SUBCASE("bad arguments are refused") {
-        const std::string grads_size = "grads has 10 elements, expected param_count " + std::to_string(count);
+        const std::string grads_size =
+            "grads has 10 elements, expected param_count " + std::to_string(count);
         CHECK_THROWS_WITH_AS(pipe.hand_over_gradients(std::span<const float16>(g).first(10)),
                              doctest::Contains(grads_size.c_str()), std::invalid_argument);
-        CHECK_THROWS_WITH_AS(pipe.hand_over_gradients(g, update_args{.grad_scale = 0.0f}),
-                             doctest::Contains("grad_scale must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39), got 0"), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(
+            pipe.hand_over_gradients(g, update_args{.grad_scale = 0.0f}),
+            doctest::Contains(
+                "grad_scale must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39), got 0"),
+            std::invalid_argument);
     }
+}
+
+TEST_CASE("child_io::since is tier_stats::since of the bytes and busy seconds") {
+    const tier_stats before{.bytes_read = 100,
+                            .bytes_written = 7,
+                            .reads = 1,
+                            .read_busy_seconds = 0.1,
+                            .write_busy_seconds = 0.3};
+    const tier_stats after{.bytes_read = 4196,
+                           .bytes_written = 7,
+                           .reads = 3,
+                           .read_busy_seconds = 0.7,
+                           .write_busy_seconds = 0.3};
+    const child_io d = child_io::of("after", after).since(child_io::of("before", before));
+    const tier_stats want = after.since(before);
+    CHECK(d.name == "after");
+    CHECK(d.bytes_read == want.bytes_read);
+    CHECK(d.bytes_written == 0);
+    CHECK(d.read_busy_seconds == want.read_busy_seconds);  // the same subtraction, same bits
+    CHECK(d.write_busy_seconds == 0.0);
+    CHECK(d.busy_fraction(0.6) == want.read_busy_seconds / 1.2);
 }
 
 TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") {
@@ -501,7 +589,8 @@ TEST_CASE("per-child bytes of a virtual tier add up to the pipeline's traffic") 
     two_file_tier vt(o, child_args(a.path()), child_args(b.path()));
     const std::size_t count = 12 * subgroup;
     auto init = make_params(count, 9);
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
+    pipeline_config cfg{
+        .param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
     update_pipeline<two_file_tier, float16> pipe(vt, cfg, init);
     std::vector<float16> copy(count);
     for (int k = 0; k < 3; ++k) {
@@ -524,9 +613,11 @@ TEST_CASE("a path's busy time covers its throttled transfers and stays within th
     const std::size_t count = params_total;
     const double rate = 256.0 * 1024;
     const std::size_t burst = 64;
-    throttled_tier<host_tier> tier(throttle_config::separate(bandwidth_limit{rate, burst}, bandwidth_limit{rate, burst}));
+    throttled_tier<host_tier> tier(
+        throttle_config::separate(bandwidth_limit{rate, burst}, bandwidth_limit{rate, burst}));
     auto init = make_params(count, 31);
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
+    pipeline_config cfg{
+        .param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
     update_pipeline<throttled_tier<host_tier>, float16> pipe(tier, cfg, init);
     std::vector<float16> copy(count);
     for (int k = 0; k < 2; ++k) {
@@ -537,8 +628,10 @@ TEST_CASE("a path's busy time covers its throttled transfers and stays within th
         const auto& c = st.children[0];
         REQUIRE(st.subgroups_read > 0);
         REQUIRE(st.subgroups_written > 0);
-        const double min_read = static_cast<double>(c.bytes_read - burst * st.subgroups_read) / rate;
-        const double min_write = static_cast<double>(c.bytes_written - burst * st.subgroups_written) / rate;
+        const double min_read =
+            static_cast<double>(c.bytes_read - burst * st.subgroups_read) / rate;
+        const double min_write =
+            static_cast<double>(c.bytes_written - burst * st.subgroups_written) / rate;
         CHECK(c.read_busy_seconds >= 0.95 * min_read);
         CHECK(c.write_busy_seconds >= 0.95 * min_write);
         // Transfers still in flight when update() returns are the writes it waited for, so
@@ -556,8 +649,13 @@ TEST_CASE("a path's busy time covers its throttled transfers and stays within th
 TEST_CASE("a failing tier names the subgroup, loses nothing, and a retry equals a clean run") {
     const std::size_t count = params_total;
     auto init = make_params(count, 21);
-    auto grads_of = [&](int k) { return make_grads<float16>(count, 300 + static_cast<unsigned>(k), 1.0f); };
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam(),
+    auto grads_of = [&](int k) {
+        return make_grads<float16>(count, 300 + static_cast<unsigned>(k), 1.0f);
+    };
+    pipeline_config cfg{.param_count = count,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 5,
+                        .adam = test_adam(),
                         .max_grad_norm = 1.0};
 
     SUBCASE("the failing subgroup is named") {
@@ -638,13 +736,16 @@ TEST_CASE("a failing tier names the subgroup, loses nothing, and a retry equals 
         std::vector<float16> copy(count);
         auto g0 = grads_of(0);
         tier.fail_always(fault_op::write, EIO);
-        CHECK_THROWS_WITH_AS(pipe.update(g0, copy), doctest::Contains("writing subgroup "), std::system_error);
+        CHECK_THROWS_WITH_AS(pipe.update(g0, copy), doctest::Contains("writing subgroup "),
+                             std::system_error);
         const auto kept = pipe.resident_subgroups();
         REQUIRE_FALSE(kept.empty());  // updated but unwritten: kept
         // Mixed steps refuse to save, naming the first subgroup that holds the newer step.
-        const std::string mixed = "subgroup " + std::to_string(*std::min_element(kept.begin(), kept.end())) +
+        const std::string mixed = "subgroup " +
+                                  std::to_string(*std::min_element(kept.begin(), kept.end())) +
                                   " holds step 1 but the pipeline is at step 0";
-        CHECK_THROWS_WITH_AS(pipe.save("unused"), doctest::Contains(mixed.c_str()), std::logic_error);
+        CHECK_THROWS_WITH_AS(pipe.save("unused"), doctest::Contains(mixed.c_str()),
+                             std::logic_error);
         tier.clear_faults();
         REQUIRE(pipe.update(g0, copy) == step_result::applied);
         ref.step(g0, 1.0f);
@@ -673,7 +774,8 @@ TEST_CASE("a failing tier names the subgroup, loses nothing, and a retry equals 
         } catch (const std::system_error& e) {
             CHECK(std::string(e.what()).find("fp32 gradients of subgroup 1 ") != std::string::npos);
         }
-        CHECK_THROWS_WITH_AS(pipe.update(copy), doctest::Contains("the gradients of step 1 were not handed over"),
+        CHECK_THROWS_WITH_AS(pipe.update(copy),
+                             doctest::Contains("the gradients of step 1 were not handed over"),
                              std::invalid_argument);  // nothing handed over
         tier.clear_faults();
         pipe.hand_over_gradients(g);
@@ -690,11 +792,13 @@ TEST_CASE("save and restore round trip, over different tiers and buffers") {
     const auto dir = root.path() / "ckpt";
     const std::size_t count = params_total;
     auto init = make_params(count, 31);
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 6, .adam = test_adam()};
+    pipeline_config cfg{
+        .param_count = count, .subgroup_size = subgroup, .host_buffers = 6, .adam = test_adam()};
     host_tier tier_a;
     update_pipeline<host_tier, bfloat16> a(tier_a, cfg, init);
     std::vector<bfloat16> copy_a(count), copy_b(count);
-    for (int k = 0; k < 3; ++k) a.update(make_grads<bfloat16>(count, 500 + static_cast<unsigned>(k), 1.0f), copy_a);
+    for (int k = 0; k < 3; ++k)
+        a.update(make_grads<bfloat16>(count, 500 + static_cast<unsigned>(k), 1.0f), copy_a);
     a.save(dir);
     // Every file is 0600 and listed in the manifest; no temporary directory is left.
     std::size_t files = 0;
@@ -705,7 +809,8 @@ TEST_CASE("save and restore round trip, over different tiers and buffers") {
         ++files;
     }
     CHECK(files == a.subgroup_count() + 1);
-    for (auto& e : std::filesystem::directory_iterator(root.path())) CHECK(e.path().filename() == "ckpt");
+    for (auto& e : std::filesystem::directory_iterator(root.path()))
+        CHECK(e.path().filename() == "ckpt");
 
     test::temp_dir files_b("pipe-restore");
     file_tier<> tier_b(files_b.path());
@@ -746,8 +851,11 @@ TEST_CASE("save and restore round trip, over different tiers and buffers") {
 
 // Saves to `dir` a pipeline over a host tier (fp16 gradients, `buffers` host buffers, initial
 // params from `seed`) after one update; returns its config.
-pipeline_config save_after_one_step(const std::filesystem::path& dir, std::uint64_t seed, std::size_t buffers) {
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
+pipeline_config save_after_one_step(const std::filesystem::path& dir, std::uint64_t seed,
+                                    std::size_t buffers) {
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = buffers,
                         .adam = test_adam()};
     host_tier tier;
     update_pipeline<host_tier, float16> pipe(tier, cfg, make_params(params_total, seed));
@@ -761,7 +869,10 @@ TEST_CASE("a save that fails part-way keeps the previous good save") {
     test::temp_dir root("pipe-crash");
     const auto dir = root.path() / "ckpt";
     auto init = make_params(params_total, 41);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 3, .adam = test_adam()};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 3,
+                        .adam = test_adam()};
     faulty_tier<host_tier> tier;
     pipeline_options opt;
     opt.resident = resident_policy::none;
@@ -773,9 +884,11 @@ TEST_CASE("a save that fails part-way keeps the previous good save") {
     pipe.read_params(saved);
     pipe.update(make_grads<float16>(params_total, 2, 1.0f), copy);
     tier.fail_nth(fault_op::read, 4, EIO);  // the save dies while reading subgroup 3
-    CHECK_THROWS_WITH_AS(pipe.save(dir), doctest::Contains("reading subgroup 3 "), std::system_error);
+    CHECK_THROWS_WITH_AS(pipe.save(dir), doctest::Contains("reading subgroup 3 "),
+                         std::system_error);
     tier.clear_faults();
-    for (auto& e : std::filesystem::directory_iterator(root.path())) CHECK(e.path().filename() == "ckpt");
+    for (auto& e : std::filesystem::directory_iterator(root.path()))
+        CHECK(e.path().filename() == "ckpt");
     host_tier other;
     auto back = update_pipeline<host_tier, float16>::restore(dir, other, cfg);
     CHECK(back.steps() == 1);
@@ -786,8 +899,10 @@ TEST_CASE("a save that fails part-way keeps the previous good save") {
     auto foreign = root.path() / "foreign";
     std::filesystem::create_directory(foreign);
     std::ofstream(foreign / "data.txt") << "precious";
-    const std::string refused = foreign.string() + " exists and is not an optimizer save (no manifest.txt)";
-    CHECK_THROWS_WITH_AS(pipe.save(foreign), doctest::Contains(refused.c_str()), std::invalid_argument);
+    const std::string refused =
+        foreign.string() + " exists and is not an optimizer save (no manifest.txt)";
+    CHECK_THROWS_WITH_AS(pipe.save(foreign), doctest::Contains(refused.c_str()),
+                         std::invalid_argument);
     CHECK(std::filesystem::exists(foreign / "data.txt"));
 }
 
@@ -871,6 +986,135 @@ TEST_CASE("a corrupted or truncated save is refused, naming the subgroup") {
     }
 }
 
+// Runs `fn` in a forked child and returns what it threw ("system_error <errno>: <what>",
+// "exception: <what>") or "returned", or nothing when it did not finish within `limit` (the
+// child is then killed): a restore that blocks fails the test instead of hanging the suite.
+template <class F>
+std::optional<std::string> outcome_within(std::chrono::milliseconds limit, F&& fn) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(fds[0]);
+        std::string msg = "returned";
+        try {
+            fn();
+        } catch (const std::system_error& e) {
+            msg = "system_error " + std::to_string(e.code().value()) + ": " + e.what();
+        } catch (const std::exception& e) {
+            msg = std::string("exception: ") + e.what();
+        }
+        for (std::size_t done = 0; done < msg.size();) {
+            const ssize_t n = ::write(fds[1], msg.data() + done, msg.size() - done);
+            if (n <= 0) break;
+            done += static_cast<std::size_t>(n);
+        }
+        ::_exit(0);
+    }
+    ::close(fds[1]);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    std::string out;
+    bool finished = false;
+    while (!finished) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        pollfd pfd{fds[0], POLLIN, 0};
+        const int r = ::poll(&pfd, 1, static_cast<int>(left.count()));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        char buf[4096];
+        const ssize_t n = ::read(fds[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            finished = true;  // the child exited: its end of the pipe closed
+        else
+            out.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fds[0]);
+    if (!finished) ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!finished) return std::nullopt;
+    return out;
+}
+
+std::filesystem::path subgroup_file(const std::filesystem::path& dir, std::size_t s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "subgroup-%06zu.bin", s);
+    return dir / name;
+}
+
+TEST_CASE(
+    "restore refuses a FIFO in place of a subgroup file or of manifest.txt at once, naming the "
+    "path") {
+    // Before: the subgroup file was opened without O_NONBLOCK and manifest.txt with an
+    // ifstream, so either open blocked for ever waiting for a writer.
+    test::temp_dir root("pipe-fifo");
+    for (const std::string which : {"subgroup", "manifest"}) {
+        INFO(which);
+        const auto dir = root.path() / ("ckpt-" + which);
+        const auto cfg = save_after_one_step(dir, 52, 4);
+        const auto victim = which == "subgroup" ? subgroup_file(dir, 6) : dir / "manifest.txt";
+        std::filesystem::remove(victim);
+        REQUIRE(::mkfifo(victim.c_str(), 0600) == 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto outcome = outcome_within(std::chrono::seconds(20), [&] {
+            host_tier tier;
+            auto p = update_pipeline<host_tier, float16>::restore(dir, tier, cfg);
+        });
+        REQUIRE_MESSAGE(outcome.has_value(), "restore blocked on a FIFO (killed after 20 s)");
+        INFO(*outcome);
+        CHECK(outcome->starts_with("system_error "));
+        CHECK(outcome->find(victim.string() + " is a FIFO") != std::string::npos);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+        if (which == "subgroup") CHECK(outcome->find("subgroup 6") != std::string::npos);
+    }
+}
+
+TEST_CASE("restore says a directory in place of a subgroup file is a directory") {
+    // Before: the directory was opened and its size (4096 bytes) reported as a truncated file.
+    test::temp_dir root("pipe-dir-subgroup");
+    const auto dir = root.path() / "ckpt";
+    const auto cfg = save_after_one_step(dir, 53, 4);
+    std::filesystem::remove(subgroup_file(dir, 2));
+    std::filesystem::create_directory(subgroup_file(dir, 2));
+    host_tier tier;
+    try {
+        auto p = update_pipeline<host_tier, float16>::restore(dir, tier, cfg);
+        FAIL("a save with a directory for a subgroup file was restored");
+    } catch (const std::system_error& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(e.code().value() == EISDIR);
+        CHECK(what.find(subgroup_file(dir, 2).string() + " is a directory") != std::string::npos);
+        CHECK(what.find("subgroup 2") != std::string::npos);
+        CHECK(what.find("truncated") == std::string::npos);
+    }
+    CHECK(tier.used() == 0);
+}
+
+TEST_CASE("restore says a deleted manifest.txt is missing, naming its path") {
+    // Before: "update_pipeline::restore: <path>: open failed: No such file or directory".
+    test::temp_dir root("pipe-no-manifest");
+    const auto dir = root.path() / "ckpt";
+    const auto cfg = save_after_one_step(dir, 54, 4);
+    std::filesystem::remove(dir / "manifest.txt");
+    host_tier tier;
+    try {
+        auto p = update_pipeline<host_tier, float16>::restore(dir, tier, cfg);
+        FAIL("a save without its manifest was restored");
+    } catch (const std::system_error& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(e.code().value() == ENOENT);
+        CHECK(what.find("the manifest " + (dir / "manifest.txt").string() + " is missing") !=
+              std::string::npos);
+    }
+    CHECK(tier.used() == 0);
+}
+
 TEST_CASE("a refused restore over a file tier leaves nothing on it, even with writes in flight") {
     // restore() writes each checked subgroup to the tier without waiting: when a later one is
     // refused, the earlier writes may still be in flight, and erasing their keys before they
@@ -878,7 +1122,10 @@ TEST_CASE("a refused restore over a file tier leaves nothing on it, even with wr
     test::temp_dir root("pipe-refused-file");
     const auto dir = root.path() / "ckpt";
     auto init = make_params(params_total, 57);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 3, .adam = test_adam()};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 3,
+                        .adam = test_adam()};
     {
         host_tier tier;
         update_pipeline<host_tier, float> pipe(tier, cfg, init);
@@ -898,10 +1145,11 @@ TEST_CASE("a refused restore over a file tier leaves nothing on it, even with wr
     const std::string refusal = "subgroup " + std::to_string(last) + " is corrupted";
     for (int attempt = 0; attempt < 2; ++attempt) {
         INFO("attempt " << attempt);
-        CHECK_THROWS_WITH_AS(file_pipeline::restore(dir, tier, cfg), doctest::Contains(refusal.c_str()),
-                             std::runtime_error);
+        CHECK_THROWS_WITH_AS(file_pipeline::restore(dir, tier, cfg),
+                             doctest::Contains(refusal.c_str()), std::runtime_error);
         CHECK(tier.used() == 0);
-        for (std::size_t s = 0; s <= last; ++s) CHECK_FALSE(tier.contains("optim-" + std::to_string(s)));
+        for (std::size_t s = 0; s <= last; ++s)
+            CHECK_FALSE(tier.contains("optim-" + std::to_string(s)));
     }
 }
 
@@ -909,7 +1157,10 @@ TEST_CASE("a save's manifest is checked too: an edited step is refused, a format
     test::temp_dir root("pipe-manifest");
     const auto dir = root.path() / "ckpt";
     auto init = make_params(params_total, 58);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 4,
+                        .adam = test_adam()};
     const auto grads = make_grads<float>(params_total, 3, 1.0f);
     std::vector<float> want(params_total), got(params_total);
     {
@@ -938,8 +1189,8 @@ TEST_CASE("a save's manifest is checked too: an edited step is refused, a format
     {
         using host_pipeline = update_pipeline<host_tier, float>;
         host_tier tier;
-        CHECK_THROWS_WITH_AS(host_pipeline::restore(dir, tier, cfg), doctest::Contains("manifest_crc"),
-                             std::runtime_error);
+        CHECK_THROWS_WITH_AS(host_pipeline::restore(dir, tier, cfg),
+                             doctest::Contains("manifest_crc"), std::runtime_error);
         CHECK(tier.used() == 0);
     }
     // A format-1 manifest (before the checksum) restores and continues with the same bits.
@@ -964,10 +1215,12 @@ TEST_CASE("a subgroup_size above param_count means one subgroup, whatever its si
     auto init = make_params(2000, 59);
     const auto grads = make_grads<float>(2000, 4, 1.0f);
     std::vector<float> want(2000), got(2000);
-    for (std::size_t size : {std::size_t{2000}, (std::size_t{1} << 62) + 1, std::numeric_limits<std::size_t>::max()}) {
+    for (std::size_t size :
+         {std::size_t{2000}, (std::size_t{1} << 62) + 1, std::numeric_limits<std::size_t>::max()}) {
         INFO("subgroup_size " << size);
         host_tier tier;
-        pipeline_config cfg{.param_count = 2000, .subgroup_size = size, .host_buffers = 3, .adam = test_adam()};
+        pipeline_config cfg{
+            .param_count = 2000, .subgroup_size = size, .host_buffers = 3, .adam = test_adam()};
         update_pipeline<host_tier, float> pipe(tier, cfg, init);
         CHECK(pipe.subgroup_count() == 1);
         pipe.update(grads, size == 2000 ? want : got);
@@ -981,15 +1234,19 @@ namespace {
 /// overflow in the middle: the caller's params and the state stay bit-identical, and every
 /// call moves 8 bytes per parameter of the subgroups it reads and writes.
 template <class Grad, class Tier>
-void run_master_equivalence(Tier& tier, subgroup_order order, std::size_t buffers, gradient_path path, const char* what) {
+void run_master_equivalence(Tier& tier, subgroup_order order, std::size_t buffers,
+                            gradient_path path, const char* what) {
     CAPTURE(what);
     CAPTURE(buffers);
     CAPTURE(static_cast<int>(order));
     CAPTURE(static_cast<int>(path));
     auto init = make_params(params_total, 13);
     std::vector<float> params(params_total, 0.0f);  // the constructor copies init here
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = buffers,
-                        .adam = test_adam(), .max_grad_norm = 2.0};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = buffers,
+                        .adam = test_adam(),
+                        .max_grad_norm = 2.0};
     pipeline_options opt;
     opt.order = order;
     opt.resident = buffers > 3 ? resident_policy::keep_last_updated : resident_policy::none;
@@ -1029,16 +1286,21 @@ void run_master_equivalence(Tier& tier, subgroup_order order, std::size_t buffer
 
 }  // namespace
 
-TEST_CASE("master params in the caller's memory: bit-identical, 8 bytes per parameter on the tier") {
+TEST_CASE(
+    "master params in the caller's memory: bit-identical, 8 bytes per parameter on the tier") {
     for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
         tier_box box(kind);
         box.visit([&](auto& tier) {
             for (auto order : {subgroup_order::alternating, subgroup_order::ascending})
                 for (std::size_t buffers : {3u, 5u, 14u})
-                    run_master_equivalence<bfloat16>(tier, order, buffers, gradient_path::lazy_widening, kind_name(kind));
-            run_master_equivalence<float16>(tier, subgroup_order::alternating, 4, gradient_path::lazy_widening, kind_name(kind));
-            run_master_equivalence<float>(tier, subgroup_order::alternating, 6, gradient_path::lazy_widening, kind_name(kind));
-            run_master_equivalence<float16>(tier, subgroup_order::ascending, 3, gradient_path::fp32_on_tier, kind_name(kind));
+                    run_master_equivalence<bfloat16>(tier, order, buffers,
+                                                     gradient_path::lazy_widening, kind_name(kind));
+            run_master_equivalence<float16>(tier, subgroup_order::alternating, 4,
+                                            gradient_path::lazy_widening, kind_name(kind));
+            run_master_equivalence<float>(tier, subgroup_order::alternating, 6,
+                                          gradient_path::lazy_widening, kind_name(kind));
+            run_master_equivalence<float16>(tier, subgroup_order::ascending, 3,
+                                            gradient_path::fp32_on_tier, kind_name(kind));
             CHECK_MESSAGE(tier.used() == 0, "pipelines left blobs on " << kind_name(kind));
         });
     }
@@ -1050,17 +1312,21 @@ TEST_CASE("master params in the caller's memory: bit-identical, 8 bytes per para
     pipeline_options opt;
     opt.master_params = params;
     update_pipeline<host_tier, bfloat16, float> pipe(
-        tier, {.param_count = count, .subgroup_size = subgroup, .host_buffers = 6, .adam = test_adam()}, params, opt);
+        tier,
+        {.param_count = count, .subgroup_size = subgroup, .host_buffers = 6, .adam = test_adam()},
+        params, opt);
     CHECK(tier.used() == n * 8 * subgroup);
     for (int k = 0; k < 3; ++k) {
-        REQUIRE(pipe.update(make_grads<bfloat16>(count, 9 + static_cast<unsigned>(k), 1.0f), params) == step_result::applied);
+        REQUIRE(pipe.update(make_grads<bfloat16>(count, 9 + static_cast<unsigned>(k), 1.0f),
+                            params) == step_result::applied);
         const std::size_t reads = k == 0 ? n : n - 3;
         CHECK(pipe.last_stats().bytes_read == reads * 8 * subgroup);
         CHECK(pipe.last_stats().bytes_written == (n - 3) * 8 * subgroup);
     }
 }
 
-TEST_CASE("on_subgroup_updated: each subgroup once, in visiting order, its params final when announced") {
+TEST_CASE(
+    "on_subgroup_updated: each subgroup once, in visiting order, its params final when announced") {
     // The trainer's pattern: update() on a thread of its own, the main thread reading each
     // subgroup's params as soon as they are announced while the rest of the update runs.
     test::temp_dir dir("pipe-announce");
@@ -1079,11 +1345,14 @@ TEST_CASE("on_subgroup_updated: each subgroup once, in visiting order, its param
         cv.notify_all();
     };
     update_pipeline<file_tier<>, bfloat16, float> pipe(
-        tier, {.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()}, params, opt);
+        tier,
+        {.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()},
+        params, opt);
     REQUIRE(pipe.subgroup_count() == n);
     reference<bfloat16, float> ref(init, 0.0);
     for (int k = 0; k < 4; ++k) {
-        auto g = make_grads<bfloat16>(count, 300 + static_cast<unsigned>(k), 1.0f, /*with_inf=*/k == 2);
+        auto g =
+            make_grads<bfloat16>(count, 300 + static_cast<unsigned>(k), 1.0f, /*with_inf=*/k == 2);
         const auto order = pipe.next_order();
         {
             std::lock_guard lock(mu);
@@ -1100,7 +1369,8 @@ TEST_CASE("on_subgroup_updated: each subgroup once, in visiting order, its param
                 const std::size_t s = announced[p];
                 lock.unlock();
                 CHECK(s == order[p]);
-                auto slice = std::span<const float>(params).subspan(s * subgroup, pipe.subgroup_elements(s));
+                auto slice =
+                    std::span<const float>(params).subspan(s * subgroup, pipe.subgroup_elements(s));
                 seen.emplace_back(slice.begin(), slice.end());
             }
         }
@@ -1114,17 +1384,24 @@ TEST_CASE("on_subgroup_updated: each subgroup once, in visiting order, its param
         CHECK_MESSAGE(bits_equal(params, ref.p), "params differ after step " << k);
         for (std::size_t p = 0; p < n; ++p) {
             const std::size_t s = order[p];
-            std::vector<float> final_slice(params.begin() + static_cast<std::ptrdiff_t>(s * subgroup),
-                                           params.begin() + static_cast<std::ptrdiff_t>(s * subgroup + pipe.subgroup_elements(s)));
-            CHECK_MESSAGE(bits_equal(seen[p], final_slice), "subgroup " << s << " changed after it was announced");
+            std::vector<float> final_slice(
+                params.begin() + static_cast<std::ptrdiff_t>(s * subgroup),
+                params.begin() +
+                    static_cast<std::ptrdiff_t>(s * subgroup + pipe.subgroup_elements(s)));
+            CHECK_MESSAGE(bits_equal(seen[p], final_slice),
+                          "subgroup " << s << " changed after it was announced");
         }
     }
 }
 
-TEST_CASE("master params in the caller's memory: a fault loses nothing and a retry equals a clean run") {
+TEST_CASE(
+    "master params in the caller's memory: a fault loses nothing and a retry equals a clean run") {
     const std::size_t count = params_total;
     auto init = make_params(count, 23);
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam(),
+    pipeline_config cfg{.param_count = count,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 5,
+                        .adam = test_adam(),
                         .max_grad_norm = 1.0};
     for (auto op : {fault_op::read, fault_op::write}) {
         for (std::uint64_t nth = 1; nth <= 10; ++nth) {
@@ -1163,8 +1440,11 @@ TEST_CASE("master params in the caller's memory: saves restore into either kind 
     test::temp_dir root("pipe-master-save");
     const std::size_t count = params_total;
     auto init = make_params(count, 61);
-    pipeline_config cfg{.param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
-    auto grads = [&](int k) { return make_grads<bfloat16>(count, 600 + static_cast<unsigned>(k), 1.0f); };
+    pipeline_config cfg{
+        .param_count = count, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()};
+    auto grads = [&](int k) {
+        return make_grads<bfloat16>(count, 600 + static_cast<unsigned>(k), 1.0f);
+    };
 
     // A: master params in memory; B: the usual pipeline. Same steps, same bits.
     std::vector<float> pa = init;
@@ -1185,8 +1465,10 @@ TEST_CASE("master params in the caller's memory: saves restore into either kind 
     for (std::size_t s = 0; s < a.subgroup_count(); ++s) {
         char name[48];
         std::snprintf(name, sizeof name, "subgroup-%06zu.bin", s);
-        std::ifstream fa(root.path() / "from-master" / name, std::ios::binary), fb(root.path() / "from-tier" / name, std::ios::binary);
-        std::string xa((std::istreambuf_iterator<char>(fa)), {}), xb((std::istreambuf_iterator<char>(fb)), {});
+        std::ifstream fa(root.path() / "from-master" / name, std::ios::binary),
+            fb(root.path() / "from-tier" / name, std::ios::binary);
+        std::string xa((std::istreambuf_iterator<char>(fa)), {}),
+            xb((std::istreambuf_iterator<char>(fb)), {});
         CHECK_MESSAGE(xa == xb, "subgroup " << s << " saved differently");
         CHECK(xa.size() == 12 * a.subgroup_elements(s));
     }
@@ -1198,10 +1480,12 @@ TEST_CASE("master params in the caller's memory: saves restore into either kind 
     oc.master_params = pc;
     test::temp_dir fc("pipe-master-restore");
     file_tier<> tc(fc.path());
-    auto c = update_pipeline<file_tier<>, bfloat16, float>::restore(root.path() / "from-tier", tc, cfg, oc);
+    auto c = update_pipeline<file_tier<>, bfloat16, float>::restore(root.path() / "from-tier", tc,
+                                                                    cfg, oc);
     CHECK(bits_equal(pc, pa));
     host_tier td;
-    auto d = update_pipeline<host_tier, bfloat16, float>::restore(root.path() / "from-master", td, cfg);
+    auto d =
+        update_pipeline<host_tier, bfloat16, float>::restore(root.path() / "from-master", td, cfg);
     std::vector<float> copy_d(count);
     for (int k = 3; k < 6; ++k) {
         a.update(grads(k), pa);
@@ -1218,7 +1502,8 @@ TEST_CASE("master params in the caller's memory: saves restore into either kind 
 
     // A damaged save is refused and the caller's params stay as they were.
     {
-        std::fstream f(root.path() / "from-master" / "subgroup-000004.bin", std::ios::in | std::ios::out | std::ios::binary);
+        std::fstream f(root.path() / "from-master" / "subgroup-000004.bin",
+                       std::ios::in | std::ios::out | std::ios::binary);
         f.seekp(8);
         f.write("xxxx", 4);
     }
@@ -1228,7 +1513,8 @@ TEST_CASE("master params in the caller's memory: saves restore into either kind 
     oe.master_params = pe;
     host_tier te;
     try {
-        auto e = update_pipeline<host_tier, bfloat16, float>::restore(root.path() / "from-master", te, cfg, oe);
+        auto e = update_pipeline<host_tier, bfloat16, float>::restore(root.path() / "from-master",
+                                                                      te, cfg, oe);
         FAIL("a corrupted save was restored");
     } catch (const std::runtime_error& e) {
         CHECK(std::string(e.what()).find("subgroup 4 is corrupted") != std::string::npos);
@@ -1239,7 +1525,10 @@ TEST_CASE("master params in the caller's memory: saves restore into either kind 
 
 TEST_CASE("master params in the caller's memory: bad uses are refused up front") {
     auto init = make_params(params_total, 71);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 3, .adam = test_adam()};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 3,
+                        .adam = test_adam()};
     host_tier tier;
     std::vector<float> params = init, other(params_total);
     pipeline_options opt;
@@ -1264,7 +1553,8 @@ TEST_CASE("master params in the caller's memory: bad uses are refused up front")
     // copy_out that is not master_params.
     update_pipeline<host_tier, float16, float> p(tier, cfg, init, opt);
     auto g = make_grads<float16>(params_total, 1, 1.0f);
-    CHECK_THROWS_WITH_AS(p.update(g, other), doctest::Contains("copy_out is not master_params"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(p.update(g, other), doctest::Contains("copy_out is not master_params"),
+                         std::invalid_argument);
     CHECK(p.steps() == 0);
     CHECK(bits_equal(params, init));
 }
@@ -1273,7 +1563,10 @@ TEST_CASE("the trace has one track each for reads, compute and writes") {
     trace::recorder rec;
     host_tier tier;
     auto init = make_params(params_total, 61);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 4,
+                        .adam = test_adam()};
     pipeline_options opt;
     opt.recorder = &rec;
     update_pipeline<host_tier, float16> pipe(tier, cfg, init, opt);
@@ -1292,7 +1585,10 @@ TEST_CASE("the trace has one track each for reads, compute and writes") {
 TEST_CASE("bad configurations and arguments are refused up front") {
     host_tier tier;
     auto init = make_params(params_total, 1);
-    pipeline_config cfg{.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 2, .adam = test_adam()};
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 2,
+                        .adam = test_adam()};
     auto expect_invalid = [&](pipeline_config c, pipeline_options o, const std::string& needle) {
         try {
             update_pipeline<host_tier, float16> p(tier, c, init, o);
@@ -1329,13 +1625,19 @@ TEST_CASE("bad configurations and arguments are refused up front") {
     update_pipeline<host_tier, float16> p(tier, cfg, init);
     std::vector<float16> copy(params_total), short_copy(10);
     auto g = make_grads<float16>(params_total, 1, 1.0f);
-    const std::string grads_size = "grads has 10 elements, expected param_count " + std::to_string(params_total);
-    const std::string copy_size = "copy_out has 10 elements, expected param_count " + std::to_string(params_total);
-    CHECK_THROWS_WITH_AS(p.update(std::span<const float16>(g).first(10), copy), doctest::Contains(grads_size.c_str()),
+    const std::string grads_size =
+        "grads has 10 elements, expected param_count " + std::to_string(params_total);
+    const std::string copy_size =
+        "copy_out has 10 elements, expected param_count " + std::to_string(params_total);
+    CHECK_THROWS_WITH_AS(p.update(std::span<const float16>(g).first(10), copy),
+                         doctest::Contains(grads_size.c_str()), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(p.update(g, short_copy), doctest::Contains(copy_size.c_str()),
                          std::invalid_argument);
-    CHECK_THROWS_WITH_AS(p.update(g, short_copy), doctest::Contains(copy_size.c_str()), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(p.update(g, copy, update_args{.grad_scale = 0.0f}),
-                         doctest::Contains("grad_scale must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39), got 0"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        p.update(g, copy, update_args{.grad_scale = 0.0f}),
+        doctest::Contains(
+            "grad_scale must be finite, > 0 and at least 1/FLT_MAX (about 2.9e-39), got 0"),
+        std::invalid_argument);
     CHECK(p.prefetched_count() == 0);  // refused before any read was issued
     // A second pipeline with the same keys on the same tier is refused.
     CHECK_THROWS_WITH_AS((update_pipeline<host_tier, float16>(tier, cfg, init)),
@@ -1365,7 +1667,8 @@ public:
                 const std::size_t begin = end > chunk ? end - chunk : 0;
                 std::this_thread::sleep_for(std::chrono::microseconds(300));
                 std::copy(values.begin() + static_cast<std::ptrdiff_t>(begin),
-                          values.begin() + static_cast<std::ptrdiff_t>(end), buf_.begin() + static_cast<std::ptrdiff_t>(begin));
+                          values.begin() + static_cast<std::ptrdiff_t>(end),
+                          buf_.begin() + static_cast<std::ptrdiff_t>(begin));
                 std::lock_guard lock(mu_);
                 final_from_ = end = begin;
                 cv_.notify_all();
@@ -1398,7 +1701,8 @@ private:
 
 }  // namespace
 
-TEST_CASE("streamed update under a backward pass: each subgroup waits for its gradients, same bits") {
+TEST_CASE(
+    "streamed update under a backward pass: each subgroup waits for its gradients, same bits") {
     // The trainer's pattern: master params in its memory, fp32 gradients in a buffer that
     // backward fills while update() runs on another thread.
     for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
@@ -1410,23 +1714,31 @@ TEST_CASE("streamed update under a backward pass: each subgroup waits for its gr
             std::vector<float> params = init;
             pipeline_options opt;
             opt.master_params = params;
-            update_pipeline<tier_t, float, float> pipe(
-                tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()},
-                params, opt);
+            update_pipeline<tier_t, float, float> pipe(tier,
+                                                       {.param_count = params_total,
+                                                        .subgroup_size = subgroup,
+                                                        .host_buffers = 5,
+                                                        .adam = test_adam()},
+                                                       params, opt);
             reference<float, float> ref(init, 0.0);
             std::vector<float> grads(params_total);
             fake_backward<float> backward(grads);
             for (int k = 0; k < 4; ++k) {
                 auto values = make_grads<float>(params_total, 700 + static_cast<unsigned>(k), 1.0f);
                 backward.start(values, 50);
-                REQUIRE(pipe.update(grads, params, update_args{.gradients_final = backward.gate()}) == step_result::applied);
+                REQUIRE(
+                    pipe.update(grads, params, update_args{.gradients_final = backward.gate()}) ==
+                    step_result::applied);
                 backward.join();
                 REQUIRE(ref.step(values, 1.0f) == step_result::applied);
                 CHECK_MESSAGE(bits_equal(params, ref.p), "params differ after step " << k);
-                // The norm of the per-subgroup checks, summed in subgroup order as the up-front check sums.
+                // The norm of the per-subgroup checks, summed in subgroup order as the up-front
+                // check sums.
                 double total = 0;
                 for (std::size_t s = 0; s < pipe.subgroup_count(); ++s)
-                    total += grad_sum_squares<float>(std::span<const float>(values).subspan(s * subgroup, pipe.subgroup_elements(s)), 1.0f);
+                    total += grad_sum_squares<float>(std::span<const float>(values).subspan(
+                                                         s * subgroup, pipe.subgroup_elements(s)),
+                                                     1.0f);
                 CHECK(pipe.last_stats().grad_norm == std::sqrt(total));
                 CHECK(pipe.last_stats().gradient_wait_seconds > 0);
             }
@@ -1440,13 +1752,19 @@ TEST_CASE("streamed update under a backward pass: each subgroup waits for its gr
     }
 }
 
-TEST_CASE("streamed update: an inf gradient throws naming the subgroup, and a retry finishes the step once") {
+TEST_CASE(
+    "streamed update: an inf gradient throws naming the subgroup, and a retry finishes the step "
+    "once") {
     test::temp_dir dir("pipe-streamed-inf");
     file_tier<> tier(dir.path());
     auto init = make_params(params_total, 29);
     std::vector<float16> copy(params_total);
-    update_pipeline<file_tier<>, float16> pipe(
-        tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()}, init);
+    update_pipeline<file_tier<>, float16> pipe(tier,
+                                               {.param_count = params_total,
+                                                .subgroup_size = subgroup,
+                                                .host_buffers = 4,
+                                                .adam = test_adam()},
+                                               init);
     reference<float16, float16> ref(init, 0.0);
     std::vector<float16> grads(params_total);
     fake_backward<float16> backward(grads);
@@ -1456,7 +1774,8 @@ TEST_CASE("streamed update: an inf gradient throws naming the subgroup, and a re
     const auto order = pipe.next_order();
     REQUIRE(order[0] == pipe.subgroup_count() - 1);
     const std::size_t bad = 5;  // visited at position 3 of the descending walk
-    const std::size_t position = static_cast<std::size_t>(std::find(order.begin(), order.end(), bad) - order.begin());
+    const std::size_t position =
+        static_cast<std::size_t>(std::find(order.begin(), order.end(), bad) - order.begin());
     auto g2 = make_grads<float16>(params_total, 41, 1.0f);
     auto g2_inf = g2;
     g2_inf[bad * subgroup + 7] = from_f<float16>(std::numeric_limits<float>::infinity());
@@ -1489,10 +1808,13 @@ TEST_CASE("streamed update: clipping and the fp32 gradient path are refused up f
     auto g = make_grads<float16>(params_total, 4, 1.0f);
     auto open = [](std::size_t, std::size_t, std::chrono::microseconds) { return true; };
     {
-        update_pipeline<host_tier, float16> pipe(
-            tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam(),
-                   .max_grad_norm = 1.0},
-            init);
+        update_pipeline<host_tier, float16> pipe(tier,
+                                                 {.param_count = params_total,
+                                                  .subgroup_size = subgroup,
+                                                  .host_buffers = 4,
+                                                  .adam = test_adam(),
+                                                  .max_grad_norm = 1.0},
+                                                 init);
         CHECK_THROWS_WITH_AS(pipe.update(g, copy, update_args{.gradients_final = open}),
                              doctest::Contains("cannot clip"), std::invalid_argument);
         CHECK(pipe.steps() == 0);
@@ -1500,21 +1822,31 @@ TEST_CASE("streamed update: clipping and the fp32 gradient path are refused up f
     {
         pipeline_options opt;
         opt.gradients = gradient_path::fp32_on_tier;
-        update_pipeline<host_tier, float16> pipe(
-            tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 4, .adam = test_adam()}, init, opt);
+        update_pipeline<host_tier, float16> pipe(tier,
+                                                 {.param_count = params_total,
+                                                  .subgroup_size = subgroup,
+                                                  .host_buffers = 4,
+                                                  .adam = test_adam()},
+                                                 init, opt);
         CHECK_THROWS_WITH_AS(pipe.update(g, copy, update_args{.gradients_final = open}),
                              doctest::Contains("lazy widening"), std::invalid_argument);
         CHECK(pipe.steps() == 0);
     }
 }
 
-TEST_CASE("streamed update: a gate that throws (backward failed) loses nothing, and a retry finishes the step") {
+TEST_CASE(
+    "streamed update: a gate that throws (backward failed) loses nothing, and a retry finishes the "
+    "step") {
     test::temp_dir dir("pipe-streamed-gate");
     file_tier<> tier(dir.path());
     auto init = make_params(params_total, 37);
     std::vector<float16> copy(params_total);
-    update_pipeline<file_tier<>, float16> pipe(
-        tier, {.param_count = params_total, .subgroup_size = subgroup, .host_buffers = 5, .adam = test_adam()}, init);
+    update_pipeline<file_tier<>, float16> pipe(tier,
+                                               {.param_count = params_total,
+                                                .subgroup_size = subgroup,
+                                                .host_buffers = 5,
+                                                .adam = test_adam()},
+                                               init);
     reference<float16, float16> ref(init, 0.0);
     auto g1 = make_grads<float16>(params_total, 50, 1.0f);
     REQUIRE(pipe.update(g1, copy) == ref.step(g1, 1.0f));
@@ -1526,8 +1858,8 @@ TEST_CASE("streamed update: a gate that throws (backward failed) loses nothing, 
         ++opened;
         return true;
     };
-    CHECK_THROWS_WITH_AS(pipe.update(g2, copy, update_args{.gradients_final = gate}), doctest::Contains("backward failed"),
-                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(pipe.update(g2, copy, update_args{.gradients_final = gate}),
+                         doctest::Contains("backward failed"), std::runtime_error);
     CHECK(opened == 3);
     CHECK(pipe.steps() == 1);
     // The three subgroups already hold step 2; a plain call applies the rest, each once.

@@ -36,7 +36,9 @@
 // (what a call did), detail/subgroup_buffers.hpp (the five-state buffer machine),
 // detail/pipeline_io.hpp (piece scheduling), detail/chunked_adam.hpp (one subgroup's step),
 // detail/baseline_handover.hpp (the DeepSpeed-like fp32 gradient path),
-// detail/pipeline_save.hpp and detail/pipeline_manifest.hpp (saves).
+// detail/gradient_check.hpp (the gradient check, its hand-over and the streamed gate),
+// detail/pipeline_save.hpp (the initial state, save and restore) and
+// detail/pipeline_manifest.hpp (the save manifest).
 #pragma once
 
 #include <algorithm>
@@ -64,6 +66,7 @@
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/detail/baseline_handover.hpp"
 #include "spillway/optim/detail/chunked_adam.hpp"
+#include "spillway/optim/detail/gradient_check.hpp"
 #include "spillway/optim/detail/pipeline_save.hpp"
 #include "spillway/optim/detail/subgroup_buffers.hpp"
 #include "spillway/optim/half.hpp"
@@ -111,7 +114,7 @@ public:
                             std::to_string(initial_params.size()) +
                             " elements but param_count is " + std::to_string(cfg_.param_count));
         try {
-            initialise(initial_params);
+            detail::initialise_state(cfg_, bufs_, initial_params, opts_.master_params);
         } catch (...) {
             quiesce_io();
             erase_all();
@@ -121,8 +124,10 @@ public:
     /// Builds a pipeline from a directory written by save(), over `tier` (any tier). The
     /// config must have the saved param_count and subgroup_size (std::invalid_argument
     /// naming the field otherwise); the buffers, Adam settings and options may differ.
-    /// Throws std::runtime_error naming the subgroup for a missing, truncated or corrupted
-    /// subgroup file (nothing is left on the tier then).
+    /// Throws std::runtime_error naming the subgroup for a truncated or corrupted subgroup
+    /// file; std::system_error naming the path for a missing file (manifest.txt included) or
+    /// one that is a FIFO, a directory or a device (refused at once, never waited on).
+    /// Nothing is left on the tier then.
     static update_pipeline restore(const std::filesystem::path& dir, Tier& tier,
                                    pipeline_config config, pipeline_options options = {}) {
         return update_pipeline(restore_tag{}, dir, tier, config, std::move(options));
@@ -153,18 +158,18 @@ public:
     /// trainer that shards the parameters over ranks combines the ranks' verdicts from it.
     double hand_over_gradients(std::span<const Grad> grads, update_args args = {}) {
         check_grads_size(grads);
-        check_grad_scale(args.grad_scale);
+        detail::check_grad_scale(args.grad_scale);
         auto t0 = clock::now();
-        handover_ = handover_state{};
-        handover_.sum_squares = sum_squares(grads, args.grad_scale);
-        handover_.grad_scale = args.grad_scale;
-        handover_.for_step = steps_ + 1;
-        handover_.grads = grads.data();
-        handover_.grad_count = grads.size();
-        if (detail::finite_bits(handover_.sum_squares)) fp32_grads_.write(grads, handover_.bytes);
-        handover_.valid = true;
-        handover_.seconds = seconds_since(t0);
-        return handover_.sum_squares;
+        handover_ = check_record{};  // (valid again only once the hand-over is complete)
+        auto check = check_record::made(
+            steps_ + 1, args.grad_scale,
+            detail::subgroup_sum_squares(grads, args.grad_scale, cfg_, opts_.pool, [] {}));
+        check.grads = grads.data();
+        check.grad_count = grads.size();
+        if (detail::finite_bits(check.sum_squares)) fp32_grads_.write(grads, check.bytes);
+        check.seconds = seconds_since(t0);
+        handover_ = check;
+        return check.sum_squares;
     }
 
     /// Runs one AdamW step over every subgroup (see the protocol in the header comment).
@@ -184,7 +189,7 @@ public:
             return run(std::span<const Grad>{}, copy_out);
         }
         check_copy_size(copy_out);  // bad arguments are refused before any I/O
-        check_grad_scale(args.grad_scale);
+        detail::check_grad_scale(args.grad_scale);
         if (args.gradients_final) {
             expect_argument(
                 cfg_.max_grad_norm == 0,
@@ -200,26 +205,14 @@ public:
         // the paths would otherwise idle while the check reads every gradient. A skipped step
         // keeps them for the next.
         bufs_.own_prefetches += prefetch_reads(std::numeric_limits<std::size_t>::max());
-        const bool handed_over = handover_.valid && handover_.for_step == steps_ + 1 &&
-                                 handover_.grads == grads.data() &&
-                                 handover_.grad_count == grads.size() &&
-                                 handover_.grad_scale == args.grad_scale;
         double check_seconds = 0;
-        if (!handed_over) {
-            double total = sum_squares(grads, args.grad_scale, /*poll=*/true);
-            handover_ = handover_state{};
-            handover_.sum_squares = total;
-            handover_.grad_scale = args.grad_scale;
-            handover_.for_step = steps_ + 1;
-            handover_.valid = true;
+        if (!handover_.covers(steps_ + 1, grads, args.grad_scale)) {
+            const double total = detail::subgroup_sum_squares(grads, args.grad_scale, cfg_,
+                                                              opts_.pool, [this] { bufs_.poll(); });
+            handover_ = check_record::made(steps_ + 1, args.grad_scale, total);
             check_seconds = seconds_since(t0);
         }
-        // One update consumes the hand-over, whatever its outcome: a trainer that refills the
-        // same gradient buffer for the next step without handing it over gets a fresh check.
-        struct consume {
-            handover_state& h;
-            ~consume() { h.valid = false; }
-        } consumed{handover_};
+        detail::consume_on_exit<Grad> consumed{handover_};  // whatever the outcome
         auto r = run(grads, copy_out, t0, std::move(children_before));
         stats_.compute_seconds += check_seconds;
         return r;
@@ -370,16 +363,7 @@ public:
 
 private:
     struct restore_tag {};
-    struct handover_state {
-        bool valid = false;
-        std::int64_t for_step = 0;
-        double sum_squares = 0;
-        float grad_scale = 1;
-        double seconds = 0;
-        std::uint64_t bytes = 0;
-        const Grad* grads = nullptr;  // the span checked (lazy widening: update() compares)
-        std::size_t grad_count = 0;
-    };
+    using check_record = detail::gradient_check<Grad>;
     update_pipeline(restore_tag, const std::filesystem::path& dir, Tier& tier,
                     pipeline_config config, pipeline_options options)
         : tier_(tier),
@@ -438,30 +422,6 @@ private:
         bufs_.trace_to(opts_.recorder, reads, opts_.recorder->track("writes"));
     }
 
-    void initialise(std::span<const float> params) {
-        if (master_in_caller() && params.data() != opts_.master_params.data())
-            std::copy(params.begin(), params.end(), opts_.master_params.begin());
-        // Pipelined: fill a free buffer, issue its write; wait for the oldest when none is free.
-        for (std::size_t s = 0; s < n_; ++s) {
-            std::size_t b = bufs_.take_free(nullptr);
-            auto& buf = bufs_[b];
-            const std::size_t c = subgroup_elements(s);
-            float* f = buf.mem.template as<float>().data();
-            float* mv = f;  // m and v: after the params, or the whole blob
-            if (!master_in_caller()) {
-                std::memcpy(f, params.data() + s * cfg_.subgroup_size, c * sizeof(float));
-                mv = f + c;
-            }
-            std::memset(mv, 0, 2 * c * sizeof(float));
-            buf.sg = static_cast<std::ptrdiff_t>(s);
-            buf.version = 0;
-            buf.dirty = true;
-            bufs_.start_write(b);
-        }
-        bufs_.wait_all_writes(nullptr);
-        bufs_.rethrow_pending();
-    }
-
     void load(const std::filesystem::path& dir) {
         const auto manifest = detail::load_state(dir, cfg_, bufs_, opts_.master_params);
         steps_ = manifest.step;
@@ -478,14 +438,8 @@ private:
                              const update_args& args) {
         auto t0 = clock::now();
         auto children_before = child_snapshot(tier_);
-        handover_ = handover_state{};
-        handover_.grad_scale = args.grad_scale;
-        handover_.for_step = steps_ + 1;
-        handover_.valid = true;
-        struct consume {
-            handover_state& h;
-            ~consume() { h.valid = false; }
-        } consumed{handover_};
+        handover_ = check_record::made(steps_ + 1, args.grad_scale);
+        detail::consume_on_exit<Grad> consumed{handover_};
         return run(grads, copy_out, t0, std::move(children_before), &args.gradients_final);
     }
 
@@ -551,7 +505,10 @@ private:
                 ++next;
             }
         };
-        std::vector<double> squares(gate ? n_ : 0);  // a streamed update's check, per subgroup
+        std::optional<detail::streamed_gradients<Grad, Tier>> streamed;
+        if (gate)
+            streamed.emplace(*gate, grads, handover_.grad_scale, target, cfg_, opts_.pool, bufs_,
+                             stats_);
         try {
             for (std::size_t p = 0; p < n_; ++p) {
                 const std::size_t s = order[p];
@@ -575,8 +532,7 @@ private:
                 }
                 fp32_grads_.wait_read(b, s);
                 // Step 4: compute (a streamed update first waits for and checks the gradients).
-                if (gate)
-                    squares[s] = await_gradients(*gate, s, p, grads, [&] { read_ahead(p + 1); });
+                if (streamed) streamed->await(s, p, [&] { read_ahead(p + 1); });
                 compute(b, s, target, args, grads, copy_out);
                 if (opts_.on_subgroup_updated) opts_.on_subgroup_updated(s);
                 // Step 5: hand the buffer on.
@@ -600,48 +556,10 @@ private:
         ++iteration_;
         stats_.step = target;
         stats_.result = step_result::applied;
-        if (gate) {  // summed in subgroup order, as the up-front check sums
-            double total = 0;
-            for (double x : squares) total += x;
-            stats_.grad_norm = std::sqrt(total);
-        }
+        if (streamed) stats_.grad_norm = std::sqrt(streamed->sum_squares());
         fill_children(before);
         stats_.seconds = seconds_since(t0);
         return step_result::applied;
-    }
-
-    // A streamed update, before the Adam step of subgroup s (position p of the walk): asks
-    // the gate until the subgroup's gradients are final, keeping the I/O going in between
-    // (`keep_busy` issues reads ahead), then checks them. Returns their sum of squares;
-    // throws gradient_overflow_error when one is inf or NaN.
-    template <class KeepBusy>
-    double await_gradients(const gradient_gate& gate, std::size_t s, std::size_t p,
-                           std::span<const Grad> grads, KeepBusy&& keep_busy) {
-        const std::size_t begin = s * cfg_.subgroup_size, count = subgroup_elements(s);
-        auto t0 = clock::now();
-        // Short asks while transfers are in flight (their completions free buffers for the
-        // reads ahead and keep the windows full); long ones once the paths have nothing to do.
-        constexpr std::chrono::microseconds busy_wait{500}, idle_wait{20000};
-        while (!gate(begin, begin + count, bufs_.io().idle() ? idle_wait : busy_wait)) {
-            bufs_.poll();
-            bufs_.rethrow_pending();
-            keep_busy();
-        }
-        stats_.gradient_wait_seconds += seconds_since(t0);
-        auto t1 = clock::now();
-        const double squares =
-            grad_sum_squares<Grad>(grads.subspan(begin, count), handover_.grad_scale, opts_.pool);
-        stats_.compute_seconds += seconds_since(t1);
-        if (!detail::finite_bits(squares))
-            throw gradient_overflow_error(
-                "update_pipeline: a gradient of subgroup " + std::to_string(s) + " (params [" +
-                    std::to_string(begin) + ", " + std::to_string(begin + count) +
-                    ")) is inf or NaN in a streamed update of step " + std::to_string(steps_ + 1) +
-                    ": " + std::to_string(p) + " of " + std::to_string(n_) +
-                    " subgroups already hold that step (a streamed update cannot skip; call "
-                    "update() again with finite gradients of this step to finish it)",
-                s, p);
-        return squares;
     }
 
     void compute(std::size_t b, std::size_t s, std::int64_t target, const adamw_step_args& args,
@@ -662,38 +580,18 @@ private:
         if (opts_.recorder && opts_.recorder->enabled())
             ev.emplace(opts_.recorder, tr_compute_, "adam " + std::to_string(s), "compute");
         auto t0 = clock::now();
-        if (buf.version == target - 1) {
-            std::span<ParamCopy> adam_out = out;
-            if constexpr (std::is_same_v<ParamCopy, float>) adam_out = {};
-            // In chunks of about one piece, polling the I/O in between so that the windows
-            // stay full while Adam runs.
-            const std::size_t chunk =
-                std::max<std::size_t>(4096, cfg_.piece_bytes / (3 * sizeof(float)));
-            auto poll = [this] { bufs_.poll(); };
-            if (fp32_grads_.active())
-                detail::adamw_in_chunks(cfg_.adam, args, p, m, v,
-                                        std::span<const float>(fp32_grads_.section(b, s)), adam_out,
-                                        chunk, opts_.pool, poll);
-            else
-                detail::adamw_in_chunks(cfg_.adam, args, p, m, v, grads.subspan(off, c), adam_out,
-                                        chunk, opts_.pool, poll);
-            buf.version = target;
-            buf.dirty = true;
-            if constexpr (std::is_same_v<ParamCopy, float>)
-                if (!out.empty()) std::memcpy(out.data(), p.data(), c * sizeof(float));
-        } else if (buf.version == target) {
-            // A retried call: this subgroup was updated before the fault; only the copy.
-            if (!out.empty()) {
-                if constexpr (std::is_same_v<ParamCopy, float>)
-                    std::memcpy(out.data(), p.data(), c * sizeof(float));
-                else
-                    narrow(std::span<const float>(p), out);
-            }
-        } else {
-            throw std::logic_error("update_pipeline: subgroup " + std::to_string(s) +
-                                   " holds step " + std::to_string(buf.version) + " while step " +
-                                   std::to_string(target) + " is being applied");
-        }
+        // In chunks of about one piece, polling the I/O in between so that the windows stay
+        // full while Adam runs.
+        const std::size_t chunk =
+            std::max<std::size_t>(4096, cfg_.piece_bytes / (3 * sizeof(float)));
+        auto step = [&](auto g) {
+            return detail::step_subgroup(buf.version, target, s, cfg_.adam, args, p, m, v, g, out,
+                                         chunk, opts_.pool, [this] { bufs_.poll(); });
+        };
+        const bool stepped = fp32_grads_.active()
+                                 ? step(std::span<const float>(fp32_grads_.section(b, s)))
+                                 : step(grads.subspan(off, c));
+        if (stepped) buf.dirty = true;
         stats_.compute_seconds += seconds_since(t0);
     }
 
@@ -734,26 +632,6 @@ private:
     // Floats per parameter in a state blob: params, m, v; or m, v with master_params.
     [[nodiscard]] std::size_t state_floats() const noexcept { return master_in_caller() ? 2 : 3; }
 
-    static void check_grad_scale(float grad_scale) {
-        expect_argument(detail::usable_grad_scale(grad_scale),
-                        "update_pipeline: grad_scale " + std::string(detail::grad_scale_rule) +
-                            ", got " + detail::format_value(grad_scale));
-    }
-
-    // `poll`: top the I/O windows up between subgroups (reads started before the check).
-    double sum_squares(std::span<const Grad> grads, float grad_scale, bool poll = false) {
-        check_grad_scale(grad_scale);
-        // Per subgroup, summed in subgroup order: the same total whatever the tier or order.
-        double total = 0;
-        for (std::size_t s = 0; s < n_; ++s) {
-            total +=
-                grad_sum_squares<Grad>(grads.subspan(s * cfg_.subgroup_size, subgroup_elements(s)),
-                                       grad_scale, opts_.pool);
-            if (poll) bufs_.poll();
-        }
-        return total;
-    }
-
     void check_grads_size(std::span<const Grad> grads) const {
         expect_argument(grads.size() == cfg_.param_count,
                         "update_pipeline: grads has " + std::to_string(grads.size()) +
@@ -792,7 +670,7 @@ private:
     detail::baseline_handover<Tier> fp32_grads_;  // gradient_path::fp32_on_tier; inactive otherwise
     std::int64_t steps_ = 0;
     std::uint64_t iteration_ = 0;  // successful update calls (the order's parity)
-    handover_state handover_;
+    check_record handover_;        // this step's gradient check (detail/gradient_check.hpp)
     trace::track_id tr_compute_ = 0;
 };
 

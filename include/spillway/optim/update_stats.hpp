@@ -5,8 +5,9 @@
 // - update_stats describes exactly one call (update() or hand_over_gradients()); every
 //   counter starts at zero for that call, so no difference is needed to read it.
 // - child_io counts what one tier (or one child of a virtual tier) moved during the call:
-//   child_snapshot(tier) reads the tier's monotonic counters, and after.since(before) is the
-//   one place where two snapshots are subtracted.
+//   child_snapshot(tier) reads the tier's monotonic counters, and after.since(before)
+//   subtracts two snapshots through tier_stats::since, the one place where tier counters
+//   are subtracted.
 // - busy_fraction() near 1 means the path worked for the whole call; lower means it idled
 //   for part of it (the start and end of a call, or waits on its lock).
 #pragma once
@@ -45,14 +46,25 @@ struct child_io {
     }
 
     /// What moved between the snapshot `before` and this one (stats after minus stats
-    /// before), field by field; the name is this one's.
+    /// before, by tier_stats::since), field by field; the name is this one's.
     [[nodiscard]] child_io since(const child_io& before) const {
-        child_io d = *this;
-        d.bytes_read -= before.bytes_read;
-        d.bytes_written -= before.bytes_written;
-        d.read_busy_seconds -= before.read_busy_seconds;
-        d.write_busy_seconds -= before.write_busy_seconds;
-        return d;
+        return of(name, counters().since(before.counters()));
+    }
+
+    /// The bytes and busy seconds of `stats` (a tier's, or a child's), under `name`.
+    [[nodiscard]] static child_io of(std::string name, const tier_stats& stats) {
+        return child_io{.name = std::move(name),
+                        .bytes_read = stats.bytes_read,
+                        .bytes_written = stats.bytes_written,
+                        .read_busy_seconds = stats.read_busy_seconds,
+                        .write_busy_seconds = stats.write_busy_seconds};
+    }
+    /// These counters as a tier_stats (operation and failure counts 0: not kept).
+    [[nodiscard]] tier_stats counters() const noexcept {
+        return tier_stats{.bytes_read = bytes_read,
+                          .bytes_written = bytes_written,
+                          .read_busy_seconds = read_busy_seconds,
+                          .write_busy_seconds = write_busy_seconds};
     }
 };
 
@@ -96,20 +108,12 @@ concept tier_with_children = requires(const T& t) {
 /// entry for a plain tier. Subtract two with child_io::since.
 template <storage_tier Tier>
 [[nodiscard]] std::vector<child_io> child_snapshot(const Tier& tier) {
-    auto io_of = [](std::string name, const tier_stats& st) {
-        child_io io;
-        io.name = std::move(name);
-        io.bytes_read = st.bytes_read;
-        io.bytes_written = st.bytes_written;
-        io.read_busy_seconds = st.read_busy_seconds;
-        io.write_busy_seconds = st.write_busy_seconds;
-        return io;
-    };
     std::vector<child_io> out;
     if constexpr (tier_with_children<Tier>) {
-        for (const auto& c : tier.report()) out.push_back(io_of(std::string(c.name), c.moved));
+        for (const auto& c : tier.report())
+            out.push_back(child_io::of(std::string(c.name), c.moved));
     } else {
-        out.push_back(io_of(std::string(tier.name()), tier.stats()));
+        out.push_back(child_io::of(std::string(tier.name()), tier.stats()));
     }
     return out;
 }

@@ -6,6 +6,10 @@
 /// which at least one operation of that direction was in flight (overlapping operations are
 /// not double-counted), so bytes / busy seconds is the bandwidth the tier delivered while it
 /// worked. stats_recorder is thread-safe.
+///
+/// What a tier did over an interval is `after.since(before)` of two snapshots: the one helper
+/// that subtracts them, instead of field by field at each caller (update_stats' child_io::since
+/// builds on it).
 #pragma once
 
 #include <chrono>
@@ -26,13 +30,33 @@ struct tier_stats {
     double read_busy_seconds = 0;     ///< wall time with >= 1 read in flight, seconds
     double write_busy_seconds = 0;    ///< wall time with >= 1 write in flight, seconds
 
+    /// What the tier did between the snapshot `before` and this one: every field (bytes,
+    /// operations, failures and busy seconds: all are counters) is this one's minus
+    /// `before`'s. tier_stats keeps no measured rate of its own: read_bandwidth() and
+    /// write_bandwidth() of the result are the bandwidths delivered in between (0 when
+    /// nothing moved that way). Precondition: `before` is an earlier snapshot of the same
+    /// tier (counters never decrease; the unsigned ones would wrap otherwise). Pure.
+    [[nodiscard]] tier_stats since(const tier_stats& before) const noexcept {
+        tier_stats d = *this;
+        d.bytes_read -= before.bytes_read;
+        d.bytes_written -= before.bytes_written;
+        d.reads -= before.reads;
+        d.writes -= before.writes;
+        d.failed_reads -= before.failed_reads;
+        d.failed_writes -= before.failed_writes;
+        d.read_busy_seconds -= before.read_busy_seconds;
+        d.write_busy_seconds -= before.write_busy_seconds;
+        return d;
+    }
+
     /// Bytes per second delivered while reads were in flight (0 before any read).
     [[nodiscard]] double read_bandwidth() const noexcept {
         return read_busy_seconds > 0 ? static_cast<double>(bytes_read) / read_busy_seconds : 0.0;
     }
     /// Bytes per second delivered while writes were in flight (0 before any write).
     [[nodiscard]] double write_bandwidth() const noexcept {
-        return write_busy_seconds > 0 ? static_cast<double>(bytes_written) / write_busy_seconds : 0.0;
+        return write_busy_seconds > 0 ? static_cast<double>(bytes_written) / write_busy_seconds
+                                      : 0.0;
     }
 };
 
@@ -66,9 +90,19 @@ public:
         auto& d = side(dir);
         if (--d.in_flight == 0) d.busy += clock::now() - d.busy_since;
         if (dir == io_direction::read) {
-            if (ok) { stats_.bytes_read += nbytes; ++stats_.reads; } else { ++stats_.failed_reads; }
+            if (ok) {
+                stats_.bytes_read += nbytes;
+                ++stats_.reads;
+            } else {
+                ++stats_.failed_reads;
+            }
         } else {
-            if (ok) { stats_.bytes_written += nbytes; ++stats_.writes; } else { ++stats_.failed_writes; }
+            if (ok) {
+                stats_.bytes_written += nbytes;
+                ++stats_.writes;
+            } else {
+                ++stats_.failed_writes;
+            }
         }
     }
     /// The counters now; the busy time of a direction with operations in flight includes the

@@ -22,6 +22,9 @@
 //   field and the path. Format 1 (no manifest_crc) is still accepted.
 // - No I/O except read_manifest_text(), and no tier: the pipeline's save() and restore() do
 //   the file and tier work around these functions.
+// - read_manifest_text() opens through open_regular_file() (io/durable_file.hpp): a FIFO,
+//   device, directory or symbolic link named manifest.txt is refused at once, naming the
+//   path and what it is, and a missing one is reported as a missing manifest.
 #pragma once
 
 #include <cerrno>
@@ -30,14 +33,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
+
+#include <unistd.h>
 
 #include "spillway/error.hpp"
 #include "spillway/io/durable_file.hpp"
@@ -173,15 +177,36 @@ struct pipeline_manifest {
     return m;
 }
 
-/// The whole text of `dir`/manifest.txt.
-/// @throws std::system_error (ENOENT when errno says nothing) naming the path when the file
-///         cannot be opened
+/// The whole text of `dir`/manifest.txt, opened by open_regular_file(): a FIFO, a device, a
+/// directory or a symbolic link in its place is refused at once instead of blocking the
+/// restore or being read.
+/// @throws std::system_error naming the path: ENOENT "the manifest ... is missing" when
+///         there is no such file; EINVAL, EISDIR or ELOOP saying what is there instead; the
+///         errno of open or read otherwise
 [[nodiscard]] inline std::string read_manifest_text(const std::filesystem::path& dir) {
-    std::ifstream file(dir / "manifest.txt", std::ios::binary);
-    if (!file)
-        throw_system_error(errno ? errno : ENOENT, "open",
-                           "update_pipeline::restore: " + (dir / "manifest.txt").string());
-    return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+    const auto path = dir / "manifest.txt";
+    const std::string what = "update_pipeline::restore of the manifest";
+    unique_fd fd;
+    try {
+        fd = open_regular_file(path, what);
+    } catch (const std::system_error& e) {
+        if (e.code() != std::errc::no_such_file_or_directory) throw;
+        throw std::system_error(e.code(), "update_pipeline::restore: the manifest " +
+                                              path.string() +
+                                              " is missing (not an optimizer save, or an "
+                                              "incomplete one)");
+    }
+    std::string text;
+    char chunk[4096];
+    for (;;) {
+        const ssize_t n = ::read(fd.get(), chunk, sizeof chunk);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            throw_system_error(errno, "read", what + ": " + path.string());
+        }
+        if (n == 0) return text;
+        text.append(chunk, static_cast<std::size_t>(n));
+    }
 }
 
 }  // namespace spillway::detail

@@ -1,5 +1,6 @@
 // spillway/optim/detail/pipeline_save.hpp: an update_pipeline's save directory, written from
-// and restored into its subgroup buffers (not public). The manifest's text format is in
+// and restored into its subgroup buffers, and the initial state the constructor writes the
+// same way (not public). The manifest's text format is in
 // pipeline_manifest.hpp; docs/design.md ("Save and restore") numbers the steps.
 //
 // Guarantees:
@@ -11,9 +12,14 @@
 // - load_state() checks the manifest, then every subgroup file's size and CRC-32C, before
 //   it is used; with master params in the caller's memory every file is checked before those
 //   params change. Errors name the subgroup and the path.
+// - Every file load_state() reads is opened through open_regular_file() (read_file() and
+//   read_manifest_text()): a FIFO, a device, a directory or a symbolic link in a file's place
+//   is refused at once with a std::system_error naming the path and what it is, so a restore
+//   never blocks on one, nor calls a directory a truncated file.
 // - Neither leaves a write in flight when it returns or throws a file error.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -112,6 +118,36 @@ void save_state(const std::filesystem::path& dir_given, const pipeline_config& c
         fs::remove_all(tmp, ec);
         throw;
     }
+}
+
+/// Writes the initial state to the tier through `bufs`: params from `params` (into
+/// `master_params` when the caller holds them: else empty), m = v = 0, at step 0. Pipelined:
+/// fill a free buffer, issue its write; wait for the oldest when none is free.
+/// @throws the tier's error naming the subgroup (the caller erases what was written)
+template <storage_tier Tier>
+void initialise_state(const pipeline_config& cfg, subgroup_buffers<Tier>& bufs,
+                      std::span<const float> params, std::span<float> master_params) {
+    const bool master_in_caller = !master_params.empty();
+    if (master_in_caller && params.data() != master_params.data())
+        std::copy(params.begin(), params.end(), master_params.begin());
+    for (std::size_t s = 0; s < bufs.subgroup_count(); ++s) {
+        std::size_t b = bufs.take_free(nullptr);
+        auto& buf = bufs[b];
+        const std::size_t c = cfg.subgroup_elements(s);
+        float* f = buf.mem.template as<float>().data();
+        float* mv = f;  // m and v: after the params, or the whole blob
+        if (!master_in_caller) {
+            std::memcpy(f, params.data() + s * cfg.subgroup_size, c * sizeof(float));
+            mv = f + c;
+        }
+        std::memset(mv, 0, 2 * c * sizeof(float));
+        buf.sg = static_cast<std::ptrdiff_t>(s);
+        buf.version = 0;
+        buf.dirty = true;
+        bufs.start_write(b);
+    }
+    bufs.wait_all_writes(nullptr);
+    bufs.rethrow_pending();
 }
 
 /// Loads the save in `dir` into `bufs` (and `master_params`, when the caller holds them:
