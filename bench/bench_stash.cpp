@@ -287,13 +287,12 @@ void run(benchmark::State& state, Tier& tier, const schedule& s, split_mode mode
     state.counters["first_kept"] = plan.first_kept_layer > static_cast<std::size_t>(s.layers)
                                        ? static_cast<double>(s.layers)
                                        : static_cast<double>(plan.first_kept_layer);
-    state.counters["load_wait_ms"] = (after.load_wait_seconds - before.load_wait_seconds) * 1e3 / steps;
-    state.counters["offloaded_MiB"] =
-        static_cast<double>(after.bytes_offloaded - before.bytes_offloaded) / MiB / steps;
-    state.counters["forwarded_MiB"] =
-        static_cast<double>(after.bytes_forwarded - before.bytes_forwarded) / MiB / steps;
-    state.counters["write_skips"] = static_cast<double>(after.write_skips - before.write_skips) / steps;
-    state.SetBytesProcessed(static_cast<std::int64_t>(after.bytes_offloaded - before.bytes_offloaded));
+    const auto moved = after.since(before);
+    state.counters["load_wait_ms"] = moved.load_wait_seconds * 1e3 / steps;
+    state.counters["offloaded_MiB"] = static_cast<double>(moved.bytes_offloaded) / MiB / steps;
+    state.counters["forwarded_MiB"] = static_cast<double>(moved.bytes_forwarded) / MiB / steps;
+    state.counters["write_skips"] = static_cast<double>(moved.write_skips) / steps;
+    state.SetBytesProcessed(static_cast<std::int64_t>(moved.bytes_offloaded));
 
     // One more step of each, untimed, sampled for the side file.
     row_series rec{row, s, {}, {}};

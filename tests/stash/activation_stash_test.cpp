@@ -780,7 +780,7 @@ TEST_CASE("adaptive split: a profiling step offloads everything, then TBA's rule
     CHECK(tba_split(plan.layers, plan.forward_seconds, plan.tier_bandwidth) == 2);
 
     step(1);
-    auto d1 = stats_delta(stash.stats(), s0);
+    auto d1 = stash.stats().since(s0);
     CHECK(d1.bytes_kept == 2 * n);  // layers 2 and 3
     CHECK(d1.bytes_offloaded + d1.bytes_forwarded >= 2 * n);
 }

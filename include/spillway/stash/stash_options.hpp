@@ -3,8 +3,8 @@
 /// (split_mode, stash_options) and what it reports back (stash_stats, split_plan).
 ///
 /// Guarantees: plain values with no behaviour of their own; a stash copies its options at
-/// construction and never changes them. stats_delta() is the one way to turn two stats()
-/// snapshots into what happened between them. The terms used here (resident bytes, the life
+/// construction and never changes them. stash_stats::since() is the one way to turn two
+/// stats() snapshots into what happened between them. The terms used here (resident bytes, the life
 /// cycle's steps, forwarding) are defined in docs/design.md, section "The activation stash".
 #pragma once
 
@@ -135,31 +135,30 @@ struct stash_stats {
     double budget_wait_seconds = 0;
     /// Now: memory the huge-page arena holds beyond its live buffers' capacities.
     std::size_t arena_slack_bytes = 0;
-};
 
-/// What happened between two stats() snapshots of one stash: every counter is
-/// `after` minus `before`; the fields marked "now" (resident, pooled and arena slack bytes)
-/// and peak_resident_bytes are `after`'s. Precondition: `before` was taken first (counters
-/// never decrease). Pure; never throws.
-[[nodiscard]] inline stash_stats stats_delta(const stash_stats& after,
-                                             const stash_stats& before) noexcept {
-    stash_stats d = after;
-    d.saves -= before.saves;
-    d.tensors -= before.tensors;
-    d.bytes_saved -= before.bytes_saved;
-    d.bytes_deduplicated -= before.bytes_deduplicated;
-    d.bytes_kept -= before.bytes_kept;
-    d.bytes_offloaded -= before.bytes_offloaded;
-    d.bytes_forwarded -= before.bytes_forwarded;
-    d.bytes_loaded -= before.bytes_loaded;
-    d.write_skips -= before.write_skips;
-    d.forced_writes -= before.forced_writes;
-    d.failed_writes -= before.failed_writes;
-    d.failed_reads -= before.failed_reads;
-    d.load_wait_seconds -= before.load_wait_seconds;
-    d.budget_wait_seconds -= before.budget_wait_seconds;
-    return d;
-}
+    /// What happened between two snapshots of one stash: `after.since(before)` subtracts every
+    /// counter and waiting time (the one helper for it, as tier_stats::since is for a tier's);
+    /// the fields marked "now" (resident, pooled and arena slack bytes) and peak_resident_bytes
+    /// are `after`'s. Precondition: `before` was taken first (counters never decrease).
+    [[nodiscard]] stash_stats since(const stash_stats& before) const noexcept {
+        stash_stats d = *this;
+        d.saves -= before.saves;
+        d.tensors -= before.tensors;
+        d.bytes_saved -= before.bytes_saved;
+        d.bytes_deduplicated -= before.bytes_deduplicated;
+        d.bytes_kept -= before.bytes_kept;
+        d.bytes_offloaded -= before.bytes_offloaded;
+        d.bytes_forwarded -= before.bytes_forwarded;
+        d.bytes_loaded -= before.bytes_loaded;
+        d.write_skips -= before.write_skips;
+        d.forced_writes -= before.forced_writes;
+        d.failed_writes -= before.failed_writes;
+        d.failed_reads -= before.failed_reads;
+        d.load_wait_seconds -= before.load_wait_seconds;
+        d.budget_wait_seconds -= before.budget_wait_seconds;
+        return d;
+    }
+};
 
 /// The split the stash uses, and what it was planned from (activation_stash::plan()).
 struct split_plan {

@@ -39,10 +39,9 @@ namespace spillway::detail {
     auto rate = [](std::uint64_t bytes, double busy) {
         return bytes > 0 && busy > 0 ? static_cast<double>(bytes) / busy : 0.0;
     };
-    const double w = rate(after.bytes_written - before.bytes_written,
-                          after.write_busy_seconds - before.write_busy_seconds);
-    const double r = rate(after.bytes_read - before.bytes_read,
-                          after.read_busy_seconds - before.read_busy_seconds);
+    const tier_stats d = after.since(before);
+    const double w = rate(d.bytes_written, d.write_busy_seconds);
+    const double r = rate(d.bytes_read, d.read_busy_seconds);
     return w > 0 && r > 0 ? std::min(w, r) : std::max(w, r);
 }
 
