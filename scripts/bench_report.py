@@ -386,6 +386,7 @@ class Section:
     render: Callable[[BenchReport, Context], SectionOutput]
     what: str  # the summary line's subject when not measured
     where: str = ""  # what the command needs, when more than `scripts/dev`
+    load: Callable[[Path], BenchReport] | None = None  # reads <key>.json (default: load_bench)
 
 
 def machine_line(report: BenchReport | None, series: dict | None = None, extra: str = "") -> str:
@@ -1489,6 +1490,132 @@ def render_cuda(rep: BenchReport, ctx: Context) -> SectionOutput:
     return SectionOutput(out.body, heads)
 
 
+# ---- Scale: GPT-2 sizes under a memory cap (scripts/bench_scale.py) ----------------------------
+
+
+@dataclass
+class ScaleReport(BenchReport):
+    """scale.json (not Google Benchmark's format): its rows as Rows, and the document itself."""
+
+    doc: dict = field(default_factory=dict)
+
+
+def load_scale(path: Path) -> ScaleReport:
+    doc = read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not isinstance(doc.get("goals"), list):
+        raise ReportError(f"{path}: not scripts/bench_scale.py's JSON (no 'rows' and 'goals' lists)")
+    machine = doc.get("machine") or {}
+    context = {"cpu_model": machine.get("cpu_model"), "num_cpus": machine.get("num_cpus"), "date": doc.get("date", "")}
+    rows = []
+    for i, r in enumerate(doc["rows"]):
+        if not isinstance(r, dict) or "model" not in r or "mode" not in r:
+            raise ReportError(f"{path}: rows[{i}] has no 'model' and 'mode'")
+        values = {k: float(v) for k, v in r.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        rows.append(Row(name=f"{r['model']}/{r['mode']}", values=values, label=str(r.get("status", "")),
+                        time_unit="s"))
+    return ScaleReport(path, context, rows, doc)
+
+
+def scale_table(doc: dict) -> str:
+    body = []
+    for r in doc["rows"]:
+        ok = r.get("status") == "ok"
+        none = r.get("mode") == "none"
+        traffic = "–" if none else (f"{fmt(mb(r.get('read_bytes_per_step')), 0)} / "
+                                     f"{fmt(mb(r.get('write_bytes_per_step')), 0)}")
+        compute = fmt(r.get("compute_s")) + (" (est.)" if "estimate" in str(r.get("compute_source", "")) else "")
+        body.append([r.get("label", r["model"]), f"`{r['mode']}`", r.get("status", "–") if ok else f"**{r.get('status')}**",
+                     fmt(gib(r.get("peak_rss_bytes")) if ok else None), fmt(gib(r.get("cgroup_peak_bytes"))),
+                     fmt(r.get("step_s")), traffic, compute, fmt(r.get("io_s")), fmt(r.get("bound_s")),
+                     fmt(r.get("ratio"))])
+    return md_table(["model", "offload", "status", "peak RSS GiB", "cgroup peak GiB", "step s",
+                     "path MB/step read / write", "compute s", "I/O s", "bound s", "step / bound"], body, numeric_from=3)
+
+
+def gib(x: float | None) -> float | None:
+    return None if x is None else x / (1 << 30)
+
+
+def scale_headlines(doc: dict) -> list[Headline]:
+    return [Headline(str(g.get("what", "")), str(g.get("goal", "")), str(g.get("measured", "")),
+                     g.get("met")) for g in doc.get("goals", [])]
+
+
+def render_scale(rep: ScaleReport, ctx: Context) -> SectionOutput:
+    doc = rep.doc
+    st = doc.get("settings", {})
+    bw = doc.get("path_bandwidth") or {}
+    cap = st.get("cap_bytes")
+    out = [f"B={st.get('batch')}, T={st.get('seq')}, {st.get('threads')} threads, {st.get('steps')} steps (the first "
+           f"{st.get('warmup')} not timed); each run in its own process in a memory cgroup "
+           f"(v{(doc.get('cgroup') or {}).get('version', '?')}) capped at {fmt(gib(cap))} GiB; the offloaded rows "
+           f"with `--memory-budget` {fmt(gib(st.get('budget_bytes')))} GiB. The path: {doc.get('path_fs', '–')}, "
+           f"fio {fmt(gb(bw.get('write_bytes_per_s')))} GB/s writing and {fmt(gb(bw.get('read_bytes_per_s')))} GB/s "
+           "reading in this run.\n", scale_table(doc)]
+    for note in doc.get("notes", []):
+        out.append(f"_{note}_\n")
+    out.append(figure_scale(doc, rep, ctx))
+    demo_path = ctx.json_dir / "scale_demo.json"
+    if demo_path.exists():
+        demo = load_scale(demo_path)
+        title = str(demo.doc.get("title", "")).removeprefix("Demonstration: ")
+        out.append(f"**The demonstration** ({demo.machine()}, {demo.date()}): {title}.\n")
+        out.append(scale_table(demo.doc))
+        losses = [f"{x:.4f}" for run in demo.doc.get("runs", []) if run.get("capped") for x in run.get("losses", [])]
+        if losses:
+            out.append(f"Loss at each step: {', '.join(losses)}.\n")
+        for note in demo.doc.get("notes", []):
+            out.append(f"_{note}_\n")
+    out.append(details(f"All rows ({len(rep.rows)})", generic_table(rep.rows)))
+    return SectionOutput("\n".join(out), scale_headlines(doc))
+
+
+def figure_scale(doc: dict, rep: ScaleReport, ctx: Context) -> str:
+    rows = doc["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    labels = {r["model"]: r.get("label", r["model"]) for r in rows}
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cap = (doc.get("settings") or {}).get("cap_bytes")
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(10, 3.8))
+    width = 0.8 / max(1, len(modes))
+    colors = ["tab:gray", "tab:blue", "tab:green", "tab:orange"]
+    for j, mode in enumerate(modes):
+        xs, hs, texts, hatches = [], [], [], []
+        for i, m in enumerate(models):
+            r = next((x for x in rows if x["model"] == m and x["mode"] == mode), None)
+            if r is None:
+                continue
+            ok = r.get("status") == "ok" and r.get("peak_rss_bytes") is not None
+            xs.append(i + (j - (len(modes) - 1) / 2) * width)
+            hs.append(gib(r["peak_rss_bytes"]) if ok else gib(cap) or 0)
+            texts.append(fmt(gib(r["peak_rss_bytes"])) if ok else r.get("status", "–").replace(" by the ", "\nby the "))
+            hatches.append("" if ok else "//")
+        bars = ax1.bar(xs, hs, width, color=colors[j % len(colors)], label=f"--offload {mode}")
+        for b, h in zip(bars, hatches):
+            if h:
+                b.set_hatch(h)
+                b.set_alpha(0.4)
+        annotate_bars(ax1, bars, texts, fontsize=6)
+    if cap:
+        goal_line(ax1, gib(cap), "the cap", color="tab:red")
+    ax1.set_xticks(range(len(models)), [labels[m] for m in models], fontsize=8)
+    ax1.set_ylabel("peak RSS, GiB")
+    ax1.set_title("Peak memory of a training run (hatched: did not finish)", fontsize=9)
+    legend_outside(ax1)
+    off = [r for r in rows if r["mode"] != "none"]
+    xs = range(len(off))
+    ax2.bar([x - 0.2 for x in xs], [r.get("step_s") or 0 for r in off], 0.4, color="tab:blue", label="step time")
+    ax2.bar([x + 0.2 for x in xs], [r.get("bound_s") or 0 for r in off], 0.4, color="0.7",
+            label="bound: max(compute, path bytes / fio)")
+    ax2.set_xticks(list(xs), [f"{labels[r['model']]}\n{r['mode']}" for r in off], fontsize=8)
+    ax2.set_ylabel("seconds per step")
+    ax2.set_title("Offloaded step time and its bound", fontsize=9)
+    legend_outside(ax2)
+    return ctx.figures.save(fig, "scale", "peak memory and step time of GPT-2 sizes under a memory cap",
+                            rep.machine(), rep.date())
+
+
 # ---- The report -------------------------------------------------------------------------------
 
 SECTIONS = [
@@ -1512,8 +1639,12 @@ SECTIONS = [
             "build/cuda/bench/bench_cuda --benchmark_out=build/bench/cuda.json --benchmark_out_format=json "
             "--benchmark_repetitions=5 --benchmark_report_aggregates_only=true", render_cuda, "CUDA path",
             "with the cuda preset built, on a machine with a GPU"),
+    Section("scale", "Scale: GPT-2 sizes under a memory cap", "scripts/bench_scale.py", "scripts/dev bench scale",
+            render_scale, "GPT-2 sizes under a memory cap", "as root, with a memory cgroup; "
+            "`scripts/dev bench scale --demo` adds GPT-2 XL", load=load_scale),
 ]
-SIDE_FILES = {"stash_series", "mini_gpt_series"}  # read by their sections, not reports of their own
+# Read by their sections, not reports of their own.
+SIDE_FILES = {"stash_series", "mini_gpt_series", "scale_demo"}
 
 
 def narrative(ctx: Context, key: str) -> str:
@@ -1548,7 +1679,7 @@ def build_report(json_dir: Path, out_img: Path, narrative_dir: Path, keep_going:
             summary.append(Headline(s.what, "", "not measured", None))
         else:
             try:
-                rep = load_bench(path)
+                rep = (s.load or load_bench)(path)
                 text.append(machine_line(rep))
                 result = s.render(rep, ctx)
                 for h in result.headlines:
