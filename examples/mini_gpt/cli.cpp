@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "llmc_format.hpp"
+#include "memory_plan.hpp"
 #include "trainer.hpp"
 
 namespace mini_gpt {
@@ -60,6 +61,8 @@ const char* offload_name(offload_mode m) {
             return "activations";
         case offload_mode::all:
             return "all";
+        case offload_mode::params:
+            return "params";
     }
     return "?";
 }
@@ -77,7 +80,16 @@ Usage: mini_gpt [flags]
   --seed N            initialisation seed (default 1337)
   --threads N         compute threads (default: every core)
   --grad-dtype D      fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
-  --offload M         none | optimizer | activations | all
+  --offload M         none | optimizer | activations | all | params
+                      all: m, v and the activations leave memory; params: those and the
+                      parameters and gradients too (every layer's params and m,v streamed from
+                      --path, updated layer by layer in backward; fp32 gradients only)
+  --memory-budget SIZE
+                      with --offload params: keep the process's peak RSS (VmHWM) under SIZE
+                      (e.g. 3.5G, 800M; K, M, G = powers of 1024); too small a budget is
+                      refused naming the smallest that works (default: two layers' windows)
+  --init NAME         gpt2 | gpt2-medium | gpt2-large | gpt2-xl: a standard GPT-2 size
+                      (124M, 350M, 774M, 1558M; V 50257, maxT 1024), GPT-2 init from --seed
   --path DIR          a storage path for offloaded state (repeatable; default: a temp dir)
   --lock-dir DIR      where the paths' node_lock files go (default: /dev/shm, or the temp
                       dir); every process that shares a --path must use the same one
@@ -180,8 +192,18 @@ options parse_options(const std::vector<std::string>& args) {
                 o.offload = offload_mode::activations;
             else if (v == "all")
                 o.offload = offload_mode::all;
+            else if (v == "params")
+                o.offload = offload_mode::params;
             else
-                bad_flag(a, "expected none, optimizer, activations or all, got '" + v + "'");
+                bad_flag(a,
+                         "expected none, optimizer, activations, all or params, got '" + v + "'");
+        } else if (a == "--memory-budget")
+            o.memory_budget = parse_size(a, value());
+        else if (a == "--init") {
+            const std::string& v = value();
+            if (v != "gpt2" && v != "gpt2-medium" && v != "gpt2-large" && v != "gpt2-xl")
+                bad_flag(a, "expected gpt2, gpt2-medium, gpt2-large or gpt2-xl, got '" + v + "'");
+            o.init = v;
         } else if (a == "--path")
             o.paths.emplace_back(path_value());
         else if (a == "--lock-dir")
@@ -239,6 +261,45 @@ options parse_options(const std::vector<std::string>& args) {
             o.corpus_bytes = static_cast<std::size_t>(parse_int(a, value(), 1024, INT64_MAX));
         else
             bad_flag(a, "unknown flag (see --help)");
+    }
+    if (!o.init.empty()) {
+        if (!o.model.empty()) bad_flag("--init", "give --init or --model, not both");
+        if (!shape_flag.empty())
+            bad_flag(shape_flag,
+                     "the model's shape comes from --init " + o.init + "; drop " + shape_flag);
+        // The standard sizes (GPT-2 paper, table 2; llm.c's gpt2_build_from_random).
+        const int L = o.init == "gpt2"          ? 12
+                      : o.init == "gpt2-medium" ? 24
+                      : o.init == "gpt2-large"  ? 36
+                                                : 48;
+        const int C = o.init == "gpt2"          ? 768
+                      : o.init == "gpt2-medium" ? 1024
+                      : o.init == "gpt2-large"  ? 1280
+                                                : 1600;
+        o.layers = L;
+        o.channels = C;
+        o.heads = C / 64;
+        o.vocab = 50257;
+        o.max_seq = 1024;
+    }
+    if (o.offload == offload_mode::params) {
+        if (o.grads != grad_dtype::fp32)
+            bad_flag("--grad-dtype", std::string("--offload params takes fp32 gradients only: ") +
+                                         "with fp16/bf16 an overflow must be found before the "
+                                         "first update, which a streamed update cannot do (see "
+                                         "docs/param_stream.md)");
+        if (!o.model.empty())
+            bad_flag("--model",
+                     "--offload params starts from --init or the default model "
+                     "(reading a checkpoint whole would exceed the memory budget)");
+        if (!o.save_dir.empty() || !o.resume_dir.empty())
+            bad_flag(o.save_dir.empty() ? "--resume" : "--save",
+                     "not yet with --offload params (the streamed state is not saved); use "
+                     "--save-model for the weights");
+    } else if (o.memory_budget > 0) {
+        bad_flag("--memory-budget", std::string("needs --offload params (the mode that plans ") +
+                                        "every resident byte), got --offload " +
+                                        offload_name(o.offload));
     }
     if (!o.model.empty() && !shape_flag.empty())
         bad_flag(shape_flag, "the model's shape comes from --model " + o.model.string() +

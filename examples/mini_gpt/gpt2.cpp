@@ -95,6 +95,9 @@ public:
         z ^= z >> 31;
         return (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;
     }
+    /// Moves the generator past `draws` normal() calls (each takes two uniforms): the state
+    /// is a counter, so this is the same as drawing them.
+    void skip_normals(std::uint64_t draws) { state_ += 2 * draws * 0x9E3779B97F4A7C15ull; }
     float normal(float stddev) {
         double u1 = uniform(), u2 = uniform();
         return static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) *
@@ -252,6 +255,14 @@ param_views::param_views(float* base, const param_layout& layout)
 
 layer_params param_views::layer(int l) const noexcept {
     auto at = [&](int kind) { return base_ + layout_->offset(kind, l); };
+    return {at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11), at(12), at(13)};
+}
+
+layer_params layer_params_at(const param_layout& layout, int layer, float* begin) noexcept {
+    // (a block as if the model's started layer_range(layer).first floats before `begin`:
+    // only offsets inside the layer's range are formed from it)
+    const std::size_t first = layout.layer_range(layer).first;
+    auto at = [&](int kind) { return begin + (layout.offset(kind, layer) - first); };
     return {at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11), at(12), at(13)};
 }
 
@@ -644,10 +655,59 @@ void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* t
 
 // ---- The model ------------------------------------------------------------------------------
 
-gpt2::gpt2(const gpt2_config& config, thread_pool& pool)
+gpt2::gpt2(const gpt2_config& config, thread_pool& pool, param_memory memory)
     : config_(config), pool_(pool), layout_((config.validate(), config)) {
-    params_.assign(layout_.total, 0.0f);
-    grads_.assign(layout_.total, 0.0f);
+    if (memory == param_memory::owned) {
+        params_.assign(layout_.total, 0.0f);
+        grads_.assign(layout_.total, 0.0f);
+        own_store_ = std::make_unique<in_memory_params>(params_.data(), grads_.data(), layout_);
+        pstore_ = own_store_.get();
+    }
+}
+
+void gpt2::use_param_store(param_store* store) {
+    if (!store && !own_store_)
+        throw std::logic_error("gpt2: a model without its own parameters needs a param_store");
+    pstore_ = store ? store : own_store_.get();
+}
+
+void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::span<float> out) {
+    const param_layout layout(c);
+    const auto [begin, end] = layout.layer_range(layer);
+    if (out.size() != end - begin)
+        throw std::invalid_argument("init_gpt2_layer: " + std::to_string(out.size()) +
+                                    " floats for layer " + std::to_string(layer) + " of " +
+                                    std::to_string(end - begin));
+    // Draws in init_gpt2's order: wte (V rows), wpe, then qkvw, attprojw, fcw, fcprojw each
+    // over all layers; everything else is 0 or 1.
+    const std::size_t C = sz(c.channels), L = sz(c.num_layers), V = sz(c.vocab_size);
+    const std::size_t wte_n = V * C, wpe_n = sz(c.max_seq_len) * C;
+    const std::size_t qkv0 = wte_n + wpe_n, attproj0 = qkv0 + L * 3 * C * C,
+                      fc0 = attproj0 + L * C * C, fcproj0 = fc0 + L * 4 * C * C;
+    const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+    std::fill(out.begin(), out.end(), 0.0f);
+    auto normal = [&](float* w, std::size_t n, std::uint64_t first_draw, float stddev) {
+        normal_rng rng(seed);
+        rng.skip_normals(first_draw);
+        for (std::size_t i = 0; i < n; ++i) w[i] = rng.normal(stddev);
+    };
+    if (layer < 0) {  // wte (padded rows 0), wpe
+        normal(out.data(), wte_n, 0, 0.02f);
+        normal(out.data() + layout.sizes[0], wpe_n, wte_n, 0.02f);
+        return;
+    }
+    if (layer >= c.num_layers) {  // lnfw 1, lnfb 0
+        std::fill(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(C), 1.0f);
+        return;
+    }
+    const layer_params w = layer_params_at(layout, layer, out.data());
+    const std::size_t l = sz(layer);
+    std::fill(w.ln1w, w.ln1w + C, 1.0f);
+    normal(w.qkvw, 3 * C * C, qkv0 + l * 3 * C * C, 0.02f);
+    normal(w.attprojw, C * C, attproj0 + l * C * C, proj_std);
+    std::fill(w.ln2w, w.ln2w + C, 1.0f);
+    normal(w.fcw, 4 * C * C, fc0 + l * 4 * C * C, 0.02f);
+    normal(w.fcprojw, 4 * C * C, fcproj0 + l * 4 * C * C, proj_std);
 }
 
 void gpt2::init_gpt2(std::uint64_t seed) {
@@ -734,7 +794,8 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
             throw std::invalid_argument("token id out of range [0, " + std::to_string(V) +
                                         ") at position " + std::to_string(i));
     }
-    param_views p(params_.data(), layout_);
+    param_store& ps = *pstore_;
+    const param_store::ends_t p = ps.ends_params();
     wait_for(-1);
     encoder_forward(pool_, encoded_.data(), inputs, p.wte, p.wpe, B, T, C);  // (B,T,C)
     const float* residual = encoded_.data();
@@ -742,7 +803,7 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
     for (int l = 0; l < L; ++l) {
         layer_acts a = store.acquire(l, residual);
         wait_for(l);
-        const layer_params w = p.layer(l);
+        const layer_params w = ps.forward_layer(l);
         layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, BT, C);
         matmul_forward(pool_, a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
         attention_forward(pool_, a.atty, a.att, a.qkv, B, T, C, NH);
@@ -753,6 +814,7 @@ float gpt2::forward(const int* inputs, const int* targets, int B, int T, activat
         gelu_forward(pool_, a.fch_gelu, a.fch, sz(BT) * 4 * Cs);
         matmul_forward(pool_, proj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C);
         residual_forward(pool_, a.residual3, a.residual2, proj, sz(BT) * Cs);
+        ps.forward_done(l);
         store.forward_done(l);
         residual = a.residual3;
     }
@@ -785,8 +847,8 @@ void gpt2::backward(float loss_scale, activation_store& store, const grads_final
     const int B = B_, T = T_, C = config_.channels, L = config_.num_layers, NH = config_.num_heads;
     const int V = config_.vocab_size, Vp = config_.padded_vocab_size, BT = B * T;
     const std::size_t Cs = sz(C);
-    param_views p(params_.data(), layout_);
-    param_views g(grads_.data(), layout_);
+    param_store& ps = *pstore_;
+    const param_store::ends_t p = ps.ends_params(), g = ps.ends_grads();
     // Loss: mean over B*T positions, times the loss scale.
     crossentropy_softmax_backward(pool_, logits_.data(), targets_.data(),
                                   loss_scale / static_cast<float>(BT), BT, V, Vp);
@@ -801,7 +863,7 @@ void gpt2::backward(float loss_scale, activation_store& store, const grads_final
     for (int l = L - 1; l >= 0; --l) {
         layer_saved a = need(l);
         const float* residual = a.inp;
-        const layer_params pw = p.layer(l), gw = g.layer(l);
+        const layer_params pw = ps.backward_layer(l), gw = ps.layer_grads(l);
         // residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))): dres is d residual3.
         // Each tensor is given back (done_with) after the last kernel that reads it.
         if (a.recompute) gelu_forward(pool_, a.scratch.fch_gelu, a.fch, sz(BT) * 4 * Cs);
@@ -838,6 +900,7 @@ void gpt2::backward(float loss_scale, activation_store& store, const grads_final
         layernorm_backward(pool_, dres, gw.ln1w, gw.ln1b, dln_.data(), residual, pw.ln1w,
                            a.ln1_mean, a.ln1_rstd, BT, C);
         store.backward_done(l);  // dres is now d residual (the layer's input)
+        ps.grads_done(l);
         announce(layout_.layer_range(l).first);
     }
     // The LM head's matmul_backward wrote g.wte; the embeddings add their part. Rows of wpe

@@ -14,7 +14,9 @@
 // - Parameters live in one contiguous fp32 block, layer-major (param_layout: the embeddings,
 //   then each layer's tensors together, then the final LayerNorm); gradients use the same
 //   layout. Checkpoints are in llm.c's order (wte, wpe, ln1w over all layers, ln1b, ...);
-//   load_llmc_params() and llmc_params() convert.
+//   load_llmc_params() and llmc_params() convert. Forward and backward reach them through a
+//   param_store: the model's own blocks by default, or a store that streams each layer's
+//   params and updates it in backward (--offload params, streamed_params.hpp).
 // - Activations are grouped per layer (one contiguous block each, see layer_acts) so that a
 //   store can keep, offload or bring back a whole layer at once (activation_store).
 #pragma once
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -105,6 +108,59 @@ struct param_views {
 private:
     float* base_;
     const param_layout* layout_;
+};
+
+/// The parameters and gradients of one layer, laid out as one layer's run of the model's
+/// block (param_layout::layer_range(layer)) starting at `begin`.
+layer_params layer_params_at(const param_layout& layout, int layer, float* begin) noexcept;
+
+/// Where the parameters and their gradients live during a step: the seam like
+/// activation_store for activations. The embeddings (wte, wpe) and the final LayerNorm
+/// ("the ends") are resident, read and written freely; each transformer layer's params are
+/// asked for when used. Protocol, per step:
+///  1. forward, l = 0..L-1: `forward_layer(l)` gives layer l's params (read only) until
+///     `forward_done(l)`, which follows its forward at once;
+///  2. backward, l = L-1..0: `backward_layer(l)` gives its params, `layer_grads(l)` the
+///     buffer its gradients go to (backward overwrites every one of them, so no zeroing
+///     pass); `grads_done(l)` says they are final: backward reads neither again this step
+///     (a store may reduce them, update the layer and let it go).
+class param_store {
+public:
+    /// Pointers to the ends' tensors (params or grads).
+    struct ends_t {
+        float *wte, *wpe, *lnfw, *lnfb;
+    };
+    virtual ~param_store() = default;
+    virtual ends_t ends_params() = 0;
+    virtual ends_t ends_grads() = 0;
+    virtual layer_params forward_layer(int layer) = 0;
+    virtual void forward_done(int layer) = 0;
+    virtual layer_params backward_layer(int layer) = 0;
+    virtual layer_params layer_grads(int layer) = 0;
+    virtual void grads_done(int layer) = 0;
+};
+
+/// Today's store: views into one model-sized parameter block and one gradient block.
+class in_memory_params final : public param_store {
+public:
+    in_memory_params(float* params, float* grads, const param_layout& layout)
+        : p_(params, layout), g_(grads, layout) {}
+    ends_t ends_params() override { return {p_.wte, p_.wpe, p_.lnfw, p_.lnfb}; }
+    ends_t ends_grads() override { return {g_.wte, g_.wpe, g_.lnfw, g_.lnfb}; }
+    layer_params forward_layer(int layer) override { return p_.layer(layer); }
+    void forward_done(int) override {}
+    layer_params backward_layer(int layer) override { return p_.layer(layer); }
+    layer_params layer_grads(int layer) override { return g_.layer(layer); }
+    void grads_done(int) override {}
+
+private:
+    param_views p_, g_;
+};
+
+/// Whether a gpt2 holds its parameters and gradients itself.
+enum class param_memory {
+    owned,     ///< model-sized params and grads blocks (params(), grads()) in memory
+    external,  ///< none: the trainer gives a param_store (use_param_store) before forward
 };
 
 /// The activations one layer saves for its backward pass, as forward writes them. Each
@@ -268,7 +324,12 @@ struct pass_times {
 class gpt2 {
 public:
     /// A model of `config` whose parameters are zero; call init_gpt2() or load them.
-    gpt2(const gpt2_config& config, spillway::thread_pool& pool);
+    gpt2(const gpt2_config& config, spillway::thread_pool& pool,
+         param_memory memory = param_memory::owned);
+
+    /// Forward and backward take their params and put their gradients in `store` (which must
+    /// outlive its use); nullptr: the model's own blocks (param_memory::owned only).
+    void use_param_store(param_store* store);
 
     /// GPT-2 initialisation from `seed`: weights N(0, 0.02), residual projections
     /// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1; padded rows of wte are 0.
@@ -323,7 +384,9 @@ private:
     gpt2_config config_;
     spillway::thread_pool& pool_;
     param_layout layout_;
-    std::vector<float> params_, grads_;
+    std::vector<float> params_, grads_;  // empty with param_memory::external
+    std::unique_ptr<in_memory_params> own_store_;
+    param_store* pstore_ = nullptr;
     int B_ = 0, T_ = 0;
     // Activations outside the layer blocks.
     std::vector<float> encoded_;                    // (B,T,C)
@@ -414,5 +477,12 @@ void crossentropy_softmax_backward(thread_pool& pool, float* probs, const int* t
 /// Model FLOPs of one training step (forward + backward) per token: 6 * non-embedding-matmul
 /// params + the LM head and attention terms (as in the PaLM appendix).
 double flops_per_token(const gpt2_config& c, int T);
+
+/// gpt2::init_gpt2's values of layer `layer`'s params alone (param_layout::layer_range(layer):
+/// -1 the embeddings, 0..L-1 a block, L the final LayerNorm), written to `out` (exactly that
+/// range's floats): the same bits as the whole-model init for the same seed. The generator is
+/// counter-based (SplitMix64), so each tensor's draws start at their index in the
+/// whole-model order without drawing the ones before.
+void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::span<float> out);
 
 }  // namespace mini_gpt

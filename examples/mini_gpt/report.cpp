@@ -9,6 +9,7 @@
 
 #include "blas_kernels.hpp"
 #include "dist.hpp"
+#include "memory_plan.hpp"
 
 namespace mini_gpt {
 
@@ -61,7 +62,7 @@ void run_printer::header(int threads, const std::string& data_name, std::size_t 
     out_ << "mini_gpt: L=" << config.num_layers << " C=" << config.channels
          << " NH=" << config.num_heads << " V=" << config.vocab_size << " (padded "
          << config.padded_vocab_size << ") maxT=" << config.max_seq_len << ", "
-         << model_.params().size() << " params; B=" << opt_.batch << " T=" << opt_.seq << ", "
+         << model_.layout().total << " params; B=" << opt_.batch << " T=" << opt_.seq << ", "
          << dist::size() << " rank(s) x " << threads << " threads, grads " << dtype_name(opt_.grads)
          << ", offload " << offload_name(opt_.offload) << ", data " << data_name << " (" << tokens
          << " tokens)\n";
@@ -89,6 +90,18 @@ void run_printer::step(const step_result& r) {
         report_->update_ms.push_back(r.update_ms);
         report_->io_wait_ms.push_back(r.io_wait_ms);
         report_->act_peak_bytes.push_back(r.act_peak);
+        if (r.streamed) {
+            report_->param_read.push_back(r.traffic.param_read);
+            report_->param_written.push_back(r.traffic.param_written);
+            report_->state_read.push_back(r.traffic.state_read);
+            report_->state_written.push_back(r.traffic.state_written);
+        }
+    }
+    if (r.streamed) {
+        totals_.traffic.param_read += r.traffic.param_read;
+        totals_.traffic.param_written += r.traffic.param_written;
+        totals_.traffic.state_read += r.traffic.state_read;
+        totals_.traffic.state_written += r.traffic.state_written;
     }
     if (totals_.steps == 0)
         totals_.act_peak_first = r.act_peak;
@@ -117,7 +130,22 @@ void run_printer::step(const step_result& r) {
             r.io_wait_ms, r.times.param_wait_ms, r.deferred ? "true" : "false",
             r.under_backward ? "true" : "false", r.comm_ms, r.cpu_ms,
             static_cast<double>(r.loss_scale), r.finite ? "false" : "true");
-        out_ << buf << std::flush;
+        std::string line = buf;
+        if (r.streamed) {
+            // --offload params: VmHWM beside the budget, the bytes the streams moved this
+            // step (params and m|v, to and from the path).
+            std::snprintf(buf, sizeof buf,
+                          ",\"peak_rss_bytes\":%zu,\"memory_budget\":%zu,\"param_read_bytes\":%llu,"
+                          "\"param_written_bytes\":%llu,\"state_read_bytes\":%llu,"
+                          "\"state_written_bytes\":%llu}\n",
+                          r.peak_rss, opt_.memory_budget,
+                          static_cast<unsigned long long>(r.traffic.param_read),
+                          static_cast<unsigned long long>(r.traffic.param_written),
+                          static_cast<unsigned long long>(r.traffic.state_read),
+                          static_cast<unsigned long long>(r.traffic.state_written));
+            line = line.substr(0, line.size() - 2) + buf;  // (before the closing "}\n")
+        }
+        out_ << line << std::flush;
     } else if (!opt_.quiet) {
         char buf[256];
         std::snprintf(
@@ -136,13 +164,23 @@ void run_printer::step(const step_result& r) {
 }
 
 void run_printer::summary(const step_runner& steps, const activation_store& store,
-                          const optimizer& optim) {
+                          const optimizer& optim, const streamed_params* streamed,
+                          std::size_t param_window, std::size_t state_window) {
     const double BT = static_cast<double>(opt_.batch) * static_cast<double>(opt_.seq);
+    const std::size_t peak_rss = peak_rss_bytes();
     if (report_) {
         report_->all_kept_bytes = all_kept_bytes();
         report_->layer_act_bytes = layer_act_bytes_;
         report_->flops_per_step = flops_tok_ * BT;
-        report_->params = model_.params().size();
+        report_->params = model_.layout().total;
+        if (streamed) {
+            report_->memory_budget = opt_.memory_budget;
+            report_->peak_rss = peak_rss;
+            report_->param_window = param_window;
+            report_->state_window = state_window;
+            report_->param_peak = streamed->param_stats().peak_resident_bytes;
+            report_->state_peak = streamed->state_stats().peak_resident_bytes;
+        }
     }
     if (opt_.json || totals_.steps == 0) return;
     const double n = totals_.steps;
@@ -190,6 +228,23 @@ void run_printer::summary(const step_runner& steps, const activation_store& stor
     out_ << buf;
     out_ << store.report();
     out_ << optim.report();
+    if (streamed) {
+        const auto ps = streamed->param_stats(), ss = streamed->state_stats();
+        out_ << "  memory          peak RSS (VmHWM) " << human_bytes(static_cast<double>(peak_rss))
+             << (opt_.memory_budget > 0
+                     ? " of the budget " + human_bytes(static_cast<double>(opt_.memory_budget))
+                     : std::string(" (no --memory-budget)"))
+             << "; params window " << human_bytes(static_cast<double>(param_window)) << " (peak "
+             << human_bytes(static_cast<double>(ps.peak_resident_bytes)) << "), m,v window "
+             << human_bytes(static_cast<double>(state_window)) << " (peak "
+             << human_bytes(static_cast<double>(ss.peak_resident_bytes)) << ")\n";
+        const auto& t = totals_.traffic;
+        out_ << "  path per step   params read "
+             << human_bytes(static_cast<double>(t.param_read) / n) << ", written "
+             << human_bytes(static_cast<double>(t.param_written) / n) << "; m,v read "
+             << human_bytes(static_cast<double>(t.state_read) / n) << ", written "
+             << human_bytes(static_cast<double>(t.state_written) / n) << "\n";
+    }
 }
 
 }  // namespace mini_gpt

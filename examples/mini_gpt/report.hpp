@@ -9,6 +9,7 @@
 
 #include "gpt2.hpp"
 #include "step.hpp"
+#include "streamed_params.hpp"
 #include "trainer.hpp"
 
 namespace mini_gpt {
@@ -27,7 +28,10 @@ public:
     void step(const step_result& r);
     /// After the last step: fills the run_report's totals, and prints the summary table
     /// (not with --json) with the store's and the optimizer's reports.
-    void summary(const step_runner& steps, const activation_store& store, const optimizer& optim);
+    /// With --offload params, `streamed` (else null) and the streams' planned windows.
+    void summary(const step_runner& steps, const activation_store& store, const optimizer& optim,
+                 const streamed_params* streamed = nullptr, std::size_t param_window = 0,
+                 std::size_t state_window = 0);
 
 private:
     [[nodiscard]] std::size_t all_kept_bytes() const;
@@ -43,6 +47,7 @@ private:
         std::size_t act_peak = 0;        // after the first step (the stash profiles on it)
         std::size_t act_peak_first = 0;  // the first step
         int steps = 0, skipped = 0;
+        stream_traffic traffic;  // --offload params: the streams' bytes over every step
     } totals_;
     float first_loss_, last_loss_;
 };

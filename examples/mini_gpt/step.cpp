@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "dist.hpp"
+#include "memory_plan.hpp"
 
 namespace mini_gpt {
 
@@ -160,7 +161,55 @@ step_runner::step_runner(parts p)
 
 step_runner::~step_runner() = default;
 
+step_result step_runner::train_step_streamed(std::int64_t step, train_state& state) {
+    // The same stages as train_step, with the update inside backward (streamed_params.hpp):
+    //  1. the batch; 2. forward, each layer's params from the stream; 3. backward, each layer
+    //  updated (after its gradients are summed over the ranks) as soon as they are final;
+    //  4. the ends updated in memory; the loss summed over the ranks.
+    const options& opt = p_.opt;
+    streamed_params& sp = *p_.streamed;
+    gpt2& model = p_.model;
+    const int B = opt.batch, T = opt.seq;
+    const int rows = static_cast<int>(p_.rows.size());
+    step_result r;
+    r.step = step;
+    r.streamed = true;
+    auto t0 = clock_type::now();
+    const double cpu0 = process_cpu_ms();
+    const stream_traffic before = sp.traffic();
+    fill_batch(p_.tokens, step, B, T, static_cast<int>(p_.rows.begin), rows, inputs_, targets_);
+    p_.store.reset_peak();
+    auto tf = clock_type::now();
+    const float local_loss = model.forward(inputs_.data(), targets_.data(), rows, T, p_.store);
+    sp.begin_step(state.adam_steps + 1);
+    auto tb = clock_type::now();
+    model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), p_.store);
+    auto tu = clock_type::now();
+    sp.update_ends();
+    ++state.adam_steps;
+    r.loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
+    if (p_.recorder) {
+        p_.recorder->complete(track_, "forward " + std::to_string(step), tf, tb);
+        p_.recorder->complete(track_, "backward and layer updates " + std::to_string(step), tb, tu);
+        p_.recorder->complete(track_, "update of the ends " + std::to_string(step), tu,
+                              clock_type::now());
+    }
+    r.under_backward = true;
+    r.update_ms = ms_since(tu);
+    r.io_wait_ms = model.times().act_wait_ms;
+    r.step_ms = ms_since(t0);
+    state.next_step = step + 1;
+    r.loss_scale = state.loss_scale;
+    r.times = model.times();
+    r.act_peak = p_.store.peak_bytes() + model.fixed_activation_bytes();
+    r.cpu_ms = process_cpu_ms() - cpu0;
+    r.traffic = sp.traffic() - before;
+    r.peak_rss = peak_rss_bytes();
+    return r;
+}
+
 step_result step_runner::train_step(std::int64_t step, train_state& state) {
+    if (p_.streamed) return train_step_streamed(step, state);
     const options& opt = p_.opt;
     gpt2& model = p_.model;
     optimizer& optim = p_.optim;

@@ -27,6 +27,7 @@
 #include "checkpoint_dir.hpp"
 #include "gpt2.hpp"
 #include "optimizer.hpp"
+#include "streamed_params.hpp"
 #include "spillway/schedule/shard_range.hpp"
 #include "spillway/trace/recorder.hpp"
 #include "trainer.hpp"
@@ -44,6 +45,10 @@ struct step_result {
     double step_ms = 0, update_ms = 0, io_wait_ms = 0, comm_ms = 0, cpu_ms = 0;
     pass_times times;          // forward and backward (model.times())
     std::size_t act_peak = 0;  // activations resident at the step's peak
+    // --offload params: bytes the streams moved in this step, the process's VmHWM after it.
+    bool streamed = false;
+    stream_traffic traffic;
+    std::size_t peak_rss = 0;
 };
 
 /// Runs the steps of one training run (see the file comment). Keeps references to
@@ -59,6 +64,9 @@ public:
         spillway::index_range rows;       // this rank's rows of every global batch
         std::vector<std::size_t> shards;  // where each rank's parameter shard starts (and the end)
         spillway::trace::recorder* recorder = nullptr;
+        // --offload params: the model's params, gradients and their update (then `optim`
+        // and `shards` are not used).
+        streamed_params* streamed = nullptr;
     };
     explicit step_runner(parts p);
     ~step_runner();
@@ -74,6 +82,8 @@ public:
 
 private:
     class deferred_update;
+    /// train_step for --offload params: each layer updated in backward (streamed_params).
+    step_result train_step_streamed(std::int64_t step, train_state& state);
     parts p_;
     spillway::index_range shard_;  // this rank's parameters
     std::unique_ptr<deferred_update> deferred_;

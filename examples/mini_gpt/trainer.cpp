@@ -25,12 +25,14 @@
 #include "dist.hpp"
 #include "gpt2.hpp"
 #include "llmc_format.hpp"
+#include "memory_plan.hpp"
 #include "optimizer.hpp"
 #include "report.hpp"
 #include "spillway/lock/lock_name.hpp"
 #include "spillway/lock/owned_directory.hpp"
 #include "spillway/schedule/shard_range.hpp"
 #include "step.hpp"
+#include "streamed_params.hpp"
 
 namespace mini_gpt {
 
@@ -171,6 +173,28 @@ void check_same_run(const options& opt, const train_state& state,
             "saves differ); give every rank the same flags and files");
 }
 
+/// Writes the streams' first state (the GPT-2 init and zero moments), printing the bytes
+/// written and the rate about every two seconds on a large model.
+void write_first_state(streamed_params& sp, const options& opt, std::ostream& out) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    auto last = t0;
+    const bool show = !opt.quiet && !opt.json;
+    std::size_t shown_total = 0;
+    sp.init_gpt2(opt.seed, [&](std::size_t done, std::size_t total) {
+        const auto now = clock::now();
+        if (!show || (now - last < std::chrono::seconds(2) && done < total)) return;
+        if (done == total && shown_total == 0) return;  // fast: no progress lines at all
+        last = now;
+        shown_total = total;
+        const double s = std::chrono::duration<double>(now - t0).count();
+        out << "writing the first state: " << human_size(static_cast<double>(done)) << " of "
+            << human_size(static_cast<double>(total)) << " ("
+            << human_size(static_cast<double>(done) / std::max(s, 1e-9)) << "/s)\n"
+            << std::flush;
+    });
+}
+
 }  // namespace
 
 std::filesystem::path trace_path(const std::filesystem::path& file, int rank) {
@@ -220,8 +244,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     if (opt.seq > config.max_seq_len)
         throw input_error("--seq " + std::to_string(opt.seq) + " exceeds the model's max_seq_len " +
                           std::to_string(config.max_seq_len));
-    gpt2 model(config, pool);
-    if (init_params.empty())
+    const bool offload_params = opt.offload == offload_mode::params;
+    gpt2 model(config, pool, offload_params ? param_memory::external : param_memory::owned);
+    if (offload_params)
+        ;  // (initialised straight into the streams, below)
+    else if (init_params.empty())
         model.init_gpt2(opt.seed);
     else
         model.load_llmc_params(init_params);
@@ -252,8 +279,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     std::vector<std::filesystem::path> paths = opt.paths;
     const bool offload_opt =
         opt.offload == offload_mode::optimizer || opt.offload == offload_mode::all;
-    const bool offload_act =
-        opt.offload == offload_mode::activations || opt.offload == offload_mode::all;
+    const bool offload_act = opt.offload == offload_mode::activations ||
+                             opt.offload == offload_mode::all || offload_params;
     if (paths.empty() && (offload_opt || offload_act)) {
         temp_paths.emplace(make_temp_paths());
         paths.push_back(temp_paths->path());
@@ -286,8 +313,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     os.pool = &pool;
     os.recorder = recorder.get();
     os.key_prefix = "optim-" + process_tag;
-    const std::size_t nparams = model.params().size();
-    const std::vector<std::size_t> shards = optimizer_shards(opt, nparams, nranks);
+    const std::size_t nparams = model.layout().total;
+    // (--offload params: no optimizer shards; the streams update every layer on every rank)
+    const std::vector<std::size_t> shards =
+        offload_params ? std::vector<std::size_t>(static_cast<std::size_t>(nranks) + 1, 0)
+                       : optimizer_shards(opt, nparams, nranks);
     const std::span<float> shard = model.params().subspan(
         shards[static_cast<std::size_t>(rank)],
         shards[static_cast<std::size_t>(rank) + 1] - shards[static_cast<std::size_t>(rank)]);
@@ -295,9 +325,67 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                                                    : make_memory_optimizer(os, shard.size());
     const int local_rows = static_cast<int>(rows.size());
     std::unique_ptr<activation_store> store;
+    // --offload params: the memory plan, the free space, the streams and their first state.
+    std::unique_ptr<streamed_params> streamed;
+    std::size_t param_window = 0, state_window = 0;
+    if (offload_params) {
+        const std::size_t least_p = streamed_params::smallest_param_window(config),
+                          least_s = streamed_params::smallest_state_window(config);
+        const std::size_t all_p = spillway::charge_of(streamed_params::layer_param_bytes(config)) *
+                                  static_cast<std::size_t>(config.num_layers),
+                          all_s = spillway::charge_of(streamed_params::layer_state_bytes(config)) *
+                                  static_cast<std::size_t>(config.num_layers);
+        if (opt.memory_budget > 0) {
+            memory_plan_inputs in;
+            in.budget = opt.memory_budget;
+            in.baseline = opt.baseline_rss > 0 ? opt.baseline_rss : peak_rss_bytes();
+            in.fixed = streamed_params::resident_bytes(config) +
+                       model_scratch_bytes(config, local_rows, T) +
+                       stash_resident_bytes(config, local_rows, T, opt.act_recompute) +
+                       memory_margin(threads);
+            in.smallest_param = least_p;
+            in.smallest_state = least_s;
+            in.param_total = all_p;
+            in.state_total = all_s;
+            const memory_plan plan = plan_memory(in);
+            param_window = plan.param_window;
+            state_window = plan.state_window;
+        } else {  // two layers each: one computed, one read or written
+            param_window = std::min(all_p, 2 * least_p);
+            state_window = std::min(all_s, 2 * least_s);
+        }
+        // The path must hold every layer's params and m,v, the activations and the file
+        // tier's spare files (two replaced blobs).
+        const std::size_t need = streamed_params::stored_bytes(config) +
+                                 stash_stored_bytes(config, local_rows, T, opt.act_recompute) +
+                                 2 * streamed_params::layer_state_bytes(config);
+        const std::size_t free = free_bytes(paths.front());
+        if (free < need)
+            throw input_error(
+                paths.front().string() + ": " + human_size(static_cast<double>(need)) +
+                " needed for the model's state (params 4 B + m,v 8 B per streamed parameter: " +
+                human_size(static_cast<double>(streamed_params::stored_bytes(config))) +
+                "; activations and spare files: " +
+                human_size(static_cast<double>(need - streamed_params::stored_bytes(config))) +
+                "), only " + human_size(static_cast<double>(free)) + " free");
+        streamed_params_settings sps;
+        sps.path = paths.front();
+        sps.param_window = param_window;
+        sps.state_window = state_window;
+        sps.adam = os.adam;
+        sps.pool = &pool;
+        sps.reduce_gradients = nranks > 1;
+        streamed = std::make_unique<streamed_params>(config, sps);
+        model.use_param_store(streamed.get());
+        write_first_state(*streamed, opt, out);
+    }
     if (offload_act) {
+        // With a memory budget every layer's activations leave (the adaptive split may keep
+        // some, outside the plan).
+        const int split =
+            offload_params && opt.memory_budget > 0 && opt.act_split < 0 ? 1 << 30 : opt.act_split;
         store_settings ss{paths.front(), "act-" + process_tag,     recorder.get(),
-                          opt.act_split, opt.act_budget_mib << 20, opt.act_recompute};
+                          split,         opt.act_budget_mib << 20, opt.act_recompute};
         store = make_offloading_store(config, local_rows, T, ss);
     } else {
         store = std::make_unique<in_memory_store>(config, local_rows, T);
@@ -312,7 +400,9 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         state.has_run_shape = true;
         state.shape = {static_cast<std::int32_t>(opt.grads), B, T, tokens.size(), data_hash};
     }
-    if (!opt.resume_dir.empty())
+    if (offload_params)
+        ;  // (fresh: --save and --resume are refused with --offload params)
+    else if (!opt.resume_dir.empty())
         state = resume_checkpoint(opt.resume_dir, opt, data_name, model, *optim, shard, state);
     else
         optim->init(shard);
@@ -323,7 +413,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                                         static_cast<std::size_t>(config.num_layers);
     run_printer printer(opt, out, report, model, layer_act_bytes);
     printer.header(threads, data_name, tokens.size());
-    step_runner steps({opt, tokens, model, *optim, *store, rows, shards, recorder.get()});
+    step_runner steps(
+        {opt, tokens, model, *optim, *store, rows, shards, recorder.get(), streamed.get()});
     std::vector<float> losses;
     for (std::int64_t step = state.next_step; step < opt.steps; ++step) {
         const step_result r = steps.train_step(step, state);
@@ -335,7 +426,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
 
     // 7. The end: --save-model, the trace and the summary.
     if (!opt.save_model.empty() && rank == 0)
-        write_checkpoint(opt.save_model, config, model.llmc_params());
+        write_checkpoint(opt.save_model, config,
+                         streamed ? streamed->llmc_params() : model.llmc_params());
     if (recorder) {
         try {
             recorder->save(trace_file);
@@ -343,7 +435,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             throw input_error(trace_file.string() + ": cannot write the trace: " + e.what());
         }
     }
-    printer.summary(steps, *store, *optim);
+    printer.summary(steps, *store, *optim, streamed.get(), param_window, state_window);
     return losses;
 }
 

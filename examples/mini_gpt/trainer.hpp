@@ -11,7 +11,9 @@
 //     print a progress line (or a JSON object); every --save-every steps, save to --save DIR.
 //  4. After the last step: --save-model FILE writes an llm.c checkpoint; a summary table.
 // Every --offload mode computes the same bits: the model's kernels do not depend on where the
-// activations live, and every optimizer path runs Spillway's AdamW element formula.
+// activations live, and every optimizer path runs Spillway's AdamW element formula (with
+// --offload params, over each layer's span as backward finishes it: step.cpp,
+// streamed_params.hpp; the memory budget's plan is memory_plan.hpp).
 // Where each part lives: the command line in cli.cpp, train() in trainer.cpp, one step and
 // where its update runs in step.cpp, saving and resuming in checkpoint_dir.cpp, the printed
 // lines in report.cpp, the model in gpt2.cpp, the offloading back ends in offload.cpp.
@@ -27,9 +29,11 @@
 
 namespace mini_gpt {
 
-enum class offload_mode { none, optimizer, activations, all };
+/// What leaves memory: none; the optimizer's state (m, v); the activations (the stash); all
+/// (both); params (all, and the parameters and gradients too: streamed_params.hpp).
+enum class offload_mode { none, optimizer, activations, all, params };
 
-/// The --offload spelling of `m` ("none", "optimizer", "activations", "all").
+/// The --offload spelling of `m` ("none", "optimizer", "activations", "all", "params").
 const char* offload_name(offload_mode m);
 
 struct options {
@@ -45,8 +49,11 @@ struct options {
     int threads = 0;                            // --threads (0: every core)
     std::filesystem::path save_model;           // --save-model FILE
     grad_dtype grads = grad_dtype::fp32;        // --grad-dtype fp32|bf16|fp16
-    offload_mode offload = offload_mode::none;  // --offload none|optimizer|activations|all
-    std::vector<std::filesystem::path> paths;   // --path DIR (repeatable); default: a temp dir
+    offload_mode offload = offload_mode::none;  // --offload none|optimizer|activations|all|params
+    std::size_t memory_budget = 0;  // --memory-budget SIZE (bytes; --offload params; 0: none)
+    std::size_t baseline_rss = 0;   // the process's RSS the plan starts from (0: VmHWM; tests)
+    std::string init;               // --init gpt2|gpt2-medium|gpt2-large|gpt2-xl (empty: default)
+    std::vector<std::filesystem::path> paths;  // --path DIR (repeatable); default: a temp dir
     std::filesystem::path lock_dir;  // --lock-dir DIR for node_lock's files (default: /dev/shm)
     int act_split = -1;              // --act-split adaptive (-1) | offload (every layer) | K
     std::size_t act_budget_mib =
@@ -98,6 +105,12 @@ struct run_report {
     std::size_t layer_act_bytes = 0;  // the layer blocks alone (what --act-split offload moves)
     double flops_per_step = 0;        // model FLOPs of one step (global batch)
     std::size_t params = 0;
+    // --offload params: the plan and what the streams did (0 otherwise).
+    std::size_t memory_budget = 0, peak_rss = 0;  // --memory-budget, VmHWM at the end
+    std::size_t param_window = 0, state_window = 0;
+    std::size_t param_peak = 0, state_peak = 0;  // the streams' peak resident bytes
+    // Bytes per step to and from the path: params read, written; m|v read, written.
+    std::vector<std::uint64_t> param_read, param_written, state_read, state_written;
 };
 
 /// Runs training; progress to `out`. Throws input_error (bad input) or other exceptions.

@@ -3,16 +3,21 @@
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
 #include "corpus.hpp"
 #include "gpt2.hpp"
 #include "llmc_format.hpp"
+#include "memory_plan.hpp"
 #include "spillway/io/aligned_buffer.hpp"
+#include "streamed_params.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
 
@@ -513,4 +518,203 @@ TEST_CASE("llm.c files round trip, and a model trained from a token file matches
     from.steps = 1;
     auto b = run(from);
     CHECK(b[0] < a[0]);
+}
+
+// ---- --offload params: parameters and gradients leave memory too (issue 33) --------------
+
+namespace {
+
+/// The smallest budget train() names when refusing `o` with a budget of one byte.
+std::size_t smallest_budget_of(options o) {
+    o.memory_budget = 1;
+    try {
+        run(o);
+    } catch (const input_error& e) {
+        const std::string m = e.what();
+        const std::string key = "the smallest budget that works is ";
+        const auto at = m.find(key);
+        REQUIRE_MESSAGE(at != std::string::npos, m);
+        return std::stoull(m.substr(at + key.size()));
+    }
+    FAIL("a budget of one byte was accepted");
+    return 0;
+}
+
+std::string message_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+/// Runs `command` (stderr merged); returns its output and sets `status` to its exit status.
+std::string run_command(const std::string& command, int& status) {
+    std::string out;
+    FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    const int rc = ::pclose(p);
+    status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("--offload params with the smallest budget streams every layer and gives the bits of --offload none") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 3;
+    o.steps = 5;
+    o.save_model = dir.path() / "none.bin";
+    const auto ref = run(o);
+    const auto ref_model = file_bytes(o.save_model);
+
+    options p = o;
+    p.offload = offload_mode::params;
+    p.save_model = dir.path() / "params.bin";
+    p.baseline_rss = 64 << 20;  // (a fixed baseline: the plan is then exact in this process)
+    p.memory_budget = smallest_budget_of(p);
+    std::ostringstream out;
+    run_report report;
+    const auto losses = train(p, out, &report);
+    CHECK(losses == ref);
+    CHECK(file_bytes(p.save_model) == ref_model);
+    // The smallest budget gives each stream one layer's window: every layer leaves memory.
+    const gpt2_config c{16, 256, 256, 3, 4, 32};
+    CHECK(report.param_window == streamed_params::smallest_param_window(c));
+    CHECK(report.state_window == streamed_params::smallest_state_window(c));
+    // The streams' instrumented peaks never pass their windows.
+    CHECK(report.param_peak <= report.param_window);
+    CHECK(report.state_peak <= report.state_window);
+    CHECK(report.param_peak > 0);
+    // Each step reads 2(N-1) layers' params (the last of forward starts backward) and every
+    // layer's m|v, and writes every layer's m|v back.
+    const std::uint64_t layer = streamed_params::layer_param_bytes(c);
+    REQUIRE(report.param_read.size() == 5);
+    for (std::size_t k = 1; k < 5; ++k) {
+        INFO("step " << k);
+        CHECK(report.param_read[k] == 4 * layer);
+        CHECK(report.state_read[k] == 3 * 2 * layer);
+        CHECK(report.state_written[k] == 3 * 2 * layer);
+    }
+    // A budget one byte smaller is refused.
+    p.memory_budget -= 1;
+    CHECK(message_of([&] { run(p); }).find("is too small") != std::string::npos);
+    // The streams' files are gone.
+    std::size_t left = 0;
+    for (auto it = std::filesystem::recursive_directory_iterator(dir.path() / "p1");
+         it != std::filesystem::recursive_directory_iterator(); ++it)
+        if (it->is_regular_file()) ++left;
+    CHECK(left == 0);
+}
+
+TEST_CASE("--offload params with the default windows and with a larger budget gives the same bits") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 4;
+    const auto ref = run(o);
+    options p = o;
+    p.offload = offload_mode::params;
+    CHECK(run(p) == ref);  // two layers' windows
+    p.baseline_rss = 64 << 20;
+    p.memory_budget = smallest_budget_of(p) + (1 << 20);  // every layer fits
+    run_report report;
+    std::ostringstream out;
+    CHECK(train(p, out, &report) == ref);
+    CHECK(report.param_read.back() == 0);  // all resident after the first step
+}
+
+TEST_CASE("per-layer GPT-2 init gives the bits of the whole-model init") {
+    spillway::thread_pool pool(1);
+    const gpt2_config c{16, 300, 320, 3, 4, 32};
+    gpt2 model(c, pool);
+    model.init_gpt2(42);
+    const auto& layout = model.layout();
+    for (int l = -1; l <= c.num_layers; ++l) {
+        const auto [b, e] = layout.layer_range(l);
+        std::vector<float> part(e - b);
+        init_gpt2_layer(c, 42, l, part);
+        INFO("layer " << l);
+        CHECK(std::equal(part.begin(), part.end(), model.params().begin() + static_cast<std::ptrdiff_t>(b)));
+    }
+}
+
+TEST_CASE("--init names the standard GPT-2 sizes") {
+    struct size_row {
+        const char* name;
+        int L, C, NH;
+    };
+    for (auto r : {size_row{"gpt2", 12, 768, 12}, size_row{"gpt2-medium", 24, 1024, 16},
+                   size_row{"gpt2-large", 36, 1280, 20}, size_row{"gpt2-xl", 48, 1600, 25}}) {
+        const options o = parse_options({"--init", r.name});
+        INFO(r.name);
+        CHECK(o.layers == r.L);
+        CHECK(o.channels == r.C);
+        CHECK(o.heads == r.NH);
+        CHECK(o.vocab == 50257);
+        CHECK(o.max_seq == 1024);
+    }
+    CHECK_THROWS_AS(parse_options({"--init", "gpt3"}), input_error);
+    CHECK_THROWS_AS(parse_options({"--init", "gpt2", "--layers", "3"}), input_error);
+}
+
+TEST_CASE("--offload params refusals: fp16/bf16 gradients, a budget without it, saves, no space") {
+    for (const char* d : {"fp16", "bf16"}) {
+        const auto m = message_of([&] { parse_options({"--offload", "params", "--grad-dtype", d}); });
+        INFO(m);
+        CHECK(m.find("fp32 gradients only") != std::string::npos);
+        CHECK(m.find("overflow must be found before the first update") != std::string::npos);
+    }
+    CHECK(message_of([] { parse_options({"--memory-budget", "1G"}); }).find("needs --offload params") !=
+          std::string::npos);
+    CHECK(message_of([] { parse_options({"--offload", "params", "--save", "x"}); })
+              .find("not yet with --offload params") != std::string::npos);
+    CHECK(parse_options({"--offload", "params", "--memory-budget", "3.5G"}).memory_budget ==
+          static_cast<std::size_t>(3.5 * 1024 * 1024 * 1024));
+    CHECK(parse_options({"--offload", "params", "--memory-budget", "800M"}).memory_budget == 800u << 20);
+    CHECK_THROWS_AS(parse_options({"--offload", "params", "--memory-budget", "8X"}), input_error);
+    // A model whose state no disk here holds: 200 layers of C=4096 (~580 GB of params and m,v).
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.offload = offload_mode::params;
+    o.layers = 200;
+    o.channels = 4096;
+    o.heads = 64;
+    const std::size_t free = free_bytes(dir.path());
+    if (free > (std::size_t{600} << 30)) {
+        MESSAGE("skipped: " << dir.path() << " has more than 600 GiB free");
+        return;
+    }
+    const auto m = message_of([&] { run(o); });
+    INFO(m);
+    CHECK(m.find("needed for the model's state") != std::string::npos);
+    CHECK(m.find("free") != std::string::npos);
+}
+
+TEST_CASE("the mini_gpt binary: a too-small budget exits 2 naming the smallest; VmHWM stays under the budget") {
+    spillway::test::temp_dir dir("mini_gpt");
+    const std::string base = std::string(MINI_GPT_EXE) +
+                             " --layers 3 --channels 64 --heads 4 --max-seq 32 --seq 32 --batch 4 "
+                             "--steps 3 --threads 2 --corpus-bytes 16384 --offload params --path " +
+                             dir.path().string() + " --lock-dir " + dir.path().string();
+    int status = 0;
+    const std::string refused = run_command(base + " --memory-budget 1M", status);
+    CHECK(status == 2);
+    CHECK(std::count(refused.begin(), refused.end(), '\n') == 1);
+    const std::string key = "the smallest budget that works is ";
+    const auto at = refused.find(key);
+    REQUIRE_MESSAGE(at != std::string::npos, refused);
+    // The process's baseline varies by a few pages from run to run: 2 MiB of room.
+    const std::size_t smallest = std::stoull(refused.substr(at + key.size())) + (2 << 20);
+    const std::string out = run_command(base + " --json --memory-budget " + std::to_string(smallest), status);
+    REQUIRE_MESSAGE(status == 0, out);
+    const auto last = out.rfind("\"peak_rss_bytes\":");
+    REQUIRE(last != std::string::npos);
+    const std::size_t hwm = std::stoull(out.substr(last + 17));
+    MESSAGE("VmHWM " << hwm << " bytes under a budget of " << smallest);
+    CHECK(hwm > 0);
+    CHECK(hwm <= smallest);
 }

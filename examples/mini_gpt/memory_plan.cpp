@@ -1,0 +1,164 @@
+// examples/mini_gpt/memory_plan.cpp: the memory budget's plan (memory_plan.hpp).
+#include "memory_plan.hpp"
+
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "llmc_format.hpp"
+#include "spillway/io/aligned_buffer.hpp"
+
+namespace mini_gpt {
+
+namespace {
+
+std::size_t sz(int x) {
+    return static_cast<std::size_t>(x);
+}
+
+std::size_t status_field(const char* name) {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    const std::string key = std::string(name) + ":";
+    while (std::getline(f, line)) {
+        if (line.rfind(key, 0) == 0) {
+            std::istringstream in(line.substr(key.size()));
+            std::size_t kib = 0;
+            in >> kib;
+            return kib * 1024;
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+memory_plan plan_memory(const memory_plan_inputs& in) {
+    memory_plan p;
+    p.smallest_budget = in.baseline + in.fixed + in.smallest_param + in.smallest_state;
+    if (in.budget < p.smallest_budget)
+        throw input_error(
+            "--memory-budget " + std::to_string(in.budget) + " bytes (" +
+            human_size(static_cast<double>(in.budget)) +
+            ") is too small: the smallest budget that works is " +
+            std::to_string(p.smallest_budget) + " bytes (" +
+            human_size(static_cast<double>(p.smallest_budget)) + ": the process " +
+            human_size(static_cast<double>(in.baseline)) + ", resident parts " +
+            human_size(static_cast<double>(in.fixed)) + ", one layer's params and m,v " +
+            human_size(static_cast<double>(in.smallest_param + in.smallest_state)) + ")");
+    const std::size_t rest = in.budget - in.baseline - in.fixed;
+    // Params take a third, m|v two thirds (their bytes), each within [smallest, total].
+    p.param_window =
+        std::clamp(rest / 3, in.smallest_param, std::max(in.param_total, in.smallest_param));
+    p.state_window = std::clamp(rest - p.param_window, in.smallest_state,
+                                std::max(in.state_total, in.smallest_state));
+    // Room m|v cannot use goes back to the params.
+    if (p.param_window + p.state_window < rest)
+        p.param_window =
+            std::min(std::max(in.param_total, in.smallest_param), rest - p.state_window);
+    return p;
+}
+
+std::size_t model_scratch_bytes(const gpt2_config& c, int B, int T) {
+    const std::size_t BT = sz(B) * sz(T), C = sz(c.channels);
+    const std::size_t floats = BT * C * 2 + BT * 3 + BT * sz(c.padded_vocab_size) + BT * C * 3 +
+                               BT * 3 * C + BT * 4 * C + sz(B) * sz(c.num_heads) * sz(T) * sz(T);
+    return floats * sizeof(float) + 2 * BT * sizeof(int);
+}
+
+std::size_t stash_stored_bytes(const gpt2_config& c, int B, int T, bool recompute) {
+    const auto sizes = layer_acts::tensor_floats(c, B, T);
+    std::size_t stored = 0;
+    for (int i = 0; i < layer_acts::num_tensors; ++i)
+        if (!(recompute && layer_acts::recomputable(i)))
+            stored += spillway::align_up(sizes[sz(i)] * sizeof(float));
+    return stored * sz(c.num_layers);
+}
+
+std::size_t stash_resident_bytes(const gpt2_config& c, int B, int T, bool recompute) {
+    // The stash's least budget (offload.cpp): a layer's stored tensors, one (B,T,C) more and
+    // every layer's LayerNorm statistics; then the layer forward computes into and a layer
+    // of free buffers (pool_limit); backward's recompute scratch.
+    const auto sizes = layer_acts::tensor_floats(c, B, T);
+    std::size_t layer = 0, stored = 0, small = 0;
+    for (int i = 0; i < layer_acts::num_tensors; ++i) {
+        const std::size_t n = spillway::align_up(sizes[sz(i)] * sizeof(float));
+        layer += n;
+        if (!(recompute && layer_acts::recomputable(i))) stored += n;
+        if (n < (64u << 10)) small += n;
+    }
+    const std::size_t btc = spillway::align_up(sizes[layer_acts::residual3_i] * sizeof(float));
+    const std::size_t least = stored + btc + small * sz(c.num_layers);
+    const std::size_t scratch =
+        recompute ? 2 * btc + spillway::align_up(sizes[layer_acts::att_i] * sizeof(float)) +
+                        spillway::align_up(sizes[layer_acts::fch_gelu_i] * sizeof(float))
+                  : 0;
+    // Huge-page slabs round each up to 2 MiB pages.
+    return least + 2 * layer + scratch + 8 * spillway::huge_page_bytes;
+}
+
+std::size_t memory_margin(int threads) {
+    // malloc arenas and thread stacks (compute, tier and stash I/O threads), OpenBLAS's
+    // per-thread buffers: measured at 20-40 MiB on x86-64 Linux; 48 MiB plus 4 MiB a thread.
+    return (48u << 20) + sz(threads) * (4u << 20);
+}
+
+std::size_t peak_rss_bytes() {
+    return status_field("VmHWM");
+}
+std::size_t current_rss_bytes() {
+    return status_field("VmRSS");
+}
+
+std::size_t free_bytes(const std::filesystem::path& path) {
+    struct statvfs st {};
+    if (::statvfs(path.c_str(), &st) != 0) return 0;
+    return static_cast<std::size_t>(st.f_bavail) * static_cast<std::size_t>(st.f_frsize);
+}
+
+std::size_t parse_size(const std::string& flag, const std::string& v) {
+    std::size_t used = 0;
+    double x = 0;
+    try {
+        x = std::stod(v, &used);
+    } catch (const std::exception&) {
+        throw input_error(flag + ": expected a size such as 3.5G or 800M, got '" + v + "'");
+    }
+    std::string unit = v.substr(used);
+    if (unit.size() >= 2 && (unit.substr(1) == "iB" || unit.substr(1) == "B"))
+        unit = unit.substr(0, 1);
+    double mult = 1;
+    if (unit == "K" || unit == "k")
+        mult = 1024.0;
+    else if (unit == "M" || unit == "m")
+        mult = 1024.0 * 1024;
+    else if (unit == "G" || unit == "g")
+        mult = 1024.0 * 1024 * 1024;
+    else if (unit == "T" || unit == "t")
+        mult = 1024.0 * 1024 * 1024 * 1024;
+    else if (!unit.empty() && unit != "B")
+        throw input_error(flag + ": unknown unit '" + unit + "' in '" + v +
+                          "' (use K, M, G or T: powers of 1024)");
+    if (!std::isfinite(x) || x <= 0 || x * mult > 1e18)
+        throw input_error(flag + ": expected a positive size, got '" + v + "'");
+    return static_cast<std::size_t>(x * mult);
+}
+
+std::string human_size(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        ++u;
+    }
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << b << " " << units[u];
+    return s.str();
+}
+
+}  // namespace mini_gpt
