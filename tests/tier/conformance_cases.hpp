@@ -277,18 +277,35 @@ TEST_CASE_TEMPLATE_DEFINE("conformance: invalid keys are refused and store nothi
         // (quoted() writes the NUL as \x00: the message is a C string that must not end there.)
         {std::string("nul\0byte", 8), "contains a NUL byte"},
     };
+    // The message starts with the tier's own name (a decorator's, not its inner tier's), so a
+    // user of several tiers knows which one refused the key.
+    const std::string named = std::string(tier->name()) + ": key ";
+    auto starts_with_name = [&](const outcome& o) {
+        try {
+            std::rethrow_exception(o.error);
+        } catch (const std::exception& e) {
+            CHECK_MESSAGE(std::string_view(e.what()).starts_with(named),
+                          "does not start with '" << named << "': " << std::string(e.what()));
+        }
+    };
     for (const auto& entry : bad) {
         // Not a structured binding: clang 14 cannot capture one (CAPTURE's lambda).
         const std::string& key = entry.first;
         CAPTURE(key);
         const std::string shown = spillway::quoted(key) + " " + entry.second;
-        check_invalid_argument(run([&] { return tier->write(key, data); }), {shown});
-        check_invalid_argument(run([&] { return tier->read(key, back); }), {shown});
+        const auto wrote = run([&] { return tier->write(key, data); });
+        check_invalid_argument(wrote, {shown});
+        if (wrote.error) starts_with_name(wrote);
+        const auto read = run([&] { return tier->read(key, back); });
+        check_invalid_argument(read, {shown});
+        if (read.error) starts_with_name(read);
         try {
             (void)tier->erase(key);
             FAIL("erase of a bad key succeeded");
         } catch (const std::invalid_argument& e) {
             CHECK_MESSAGE(contains_text(e.what(), shown), "missing '" << shown << "' in: " << e.what());
+            CHECK_MESSAGE(std::string_view(e.what()).starts_with(named),
+                          "does not start with '" << named << "': " << std::string(e.what()));
         }
     }
     CHECK(tier->used() == 0);

@@ -178,9 +178,9 @@ public:
     /// forwards it to the inner tier.
     /// Errors through the completion: an injected std::system_error naming the tier, "write",
     /// the key, the size and the errno (the inner tier untouched); the inner tier's own errors.
-    /// @throws std::invalid_argument at once for a bad key
+    /// @throws std::invalid_argument at once for a bad key, naming this tier
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         auto d = decide(io_direction::write);
         if (d.err) return fail(io_direction::write, key, bytes.size(), d);
         if (d.torn) {
@@ -200,16 +200,20 @@ public:
     /// forwards it to the inner tier.
     /// Errors through the completion: an injected std::system_error naming the tier, "read",
     /// the key, the size and the errno (`bytes` untouched); the inner tier's own errors.
-    /// @throws std::invalid_argument at once for a bad key
+    /// @throws std::invalid_argument at once for a bad key, naming this tier
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         auto d = decide(io_direction::read);
         if (d.err) return fail(io_direction::read, key, bytes.size(), d);
         return inner_.read(key, bytes);
     }
 
     /// Forwards to the inner tier (no fault applies to metadata).
-    bool erase(std::string_view key) { return inner_.erase(key); }
+    /// @throws std::invalid_argument naming this tier for a bad key; what the inner erase throws
+    bool erase(std::string_view key) {
+        check_key(key);
+        return inner_.erase(key);
+    }
     /// Forwards to the inner tier.
     [[nodiscard]] bool contains(std::string_view key) const { return inner_.contains(key); }
     /// Forwards to the inner tier: the blob's size in bytes, or std::nullopt.
@@ -252,6 +256,16 @@ private:
         unsigned attempts = 0;
         bool torn = false;
     };
+
+    // validate_key() with the tier's name in front of its message: "<name>: key '...' ...",
+    // as the base tiers say it (the name is added only when the key is refused).
+    void check_key(std::string_view key) const {
+        try {
+            validate_key(key);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(name_ + ": " + e.what());
+        }
+    }
 
     static bool matches(fault_op rule, io_direction dir) noexcept {
         return rule == fault_op::any || (rule == fault_op::read) == (dir == io_direction::read);

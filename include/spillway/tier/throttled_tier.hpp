@@ -177,24 +177,28 @@ public:
     /// write finished and the bucket paid for bytes.size() bytes. The caller keeps `bytes`
     /// alive until then (storage_tier contract).
     /// Errors through the completion: the inner tier's, unchanged (the bytes are still paid).
-    /// @throws std::invalid_argument at once for a bad key; whatever the inner write() throws
-    ///         at once
+    /// @throws std::invalid_argument at once for a bad key, naming this tier; whatever the
+    ///         inner write() throws at once
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         return issue(io_direction::write, bytes.size(), [&] { return inner_.write(key, bytes); });
     }
     /// Issues the inner read at once; the returned completion becomes ready when the inner
     /// read finished and the bucket paid for bytes.size() bytes.
     /// Errors through the completion: the inner tier's, unchanged (the bytes are still paid).
-    /// @throws std::invalid_argument at once for a bad key; whatever the inner read() throws
-    ///         at once
+    /// @throws std::invalid_argument at once for a bad key, naming this tier; whatever the
+    ///         inner read() throws at once
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         return issue(io_direction::read, bytes.size(), [&] { return inner_.read(key, bytes); });
     }
 
     /// Forwards to the inner tier, unthrottled (metadata costs no bandwidth).
-    bool erase(std::string_view key) { return inner_.erase(key); }
+    /// @throws std::invalid_argument naming this tier for a bad key; what the inner erase throws
+    bool erase(std::string_view key) {
+        check_key(key);
+        return inner_.erase(key);
+    }
     /// Forwards to the inner tier.
     [[nodiscard]] bool contains(std::string_view key) const { return inner_.contains(key); }
     /// Forwards to the inner tier: the blob's size in bytes, or std::nullopt.
@@ -246,6 +250,16 @@ public:
 
 private:
     using clock = std::chrono::steady_clock;
+
+    // validate_key() with the tier's name in front of its message: "<name>: key '...' ...",
+    // as the base tiers say it (the name is added only when the key is refused).
+    void check_key(std::string_view key) const {
+        try {
+            validate_key(key);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(name_ + ": " + e.what());
+        }
+    }
 
     struct entry {
         io_direction dir;

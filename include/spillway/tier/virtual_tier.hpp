@@ -15,7 +15,9 @@
 ///  - Placement. Each key lives on one child. A write splits all keys over the healthy
 ///    children with room in proportion to their weights and keeps the key where it is while
 ///    its child is not above its share. Weights are options.bandwidths or probed, and follow
-///    the measured bandwidth in placement_mode::adaptive. A rewrite is the move: the old copy
+///    the measured bandwidth in placement_mode::adaptive: each child's moving average of
+///    bytes over busy time as its own stats() count them (the tier's timing of its calls
+///    for a child that counts nothing). A rewrite is the move: the old copy
 ///    is erased only after the new write completed.
 ///  - Concurrency. Every transfer to a child runs under the child's read or write lock;
 ///    workers serve an operation on a free child before one on a busy child.
@@ -155,10 +157,10 @@ public:
 
     // ---- storage_tier ----------------------------------------------------------------------
     /// Places `key` (see the header comment) and writes `bytes` there. Keep `bytes` alive and
-    /// unchanged until the completion is ready. Throws std::invalid_argument for a bad key;
-    /// other errors come from wait().
+    /// unchanged until the completion is ready. Throws std::invalid_argument for a bad key,
+    /// naming the tier; other errors come from wait().
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         std::unique_lock lock(mutex_);
         auto c = submit_write(key, bytes);
         lock.unlock();
@@ -170,9 +172,9 @@ public:
     /// Errors through the completion: std::system_error(ENOENT) for an unknown key and
     /// std::invalid_argument for a size mismatch (both naming the key), or the child's error
     /// naming the key and the child.
-    /// @throws std::invalid_argument at once for a bad key
+    /// @throws std::invalid_argument at once for a bad key, naming the tier
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         std::unique_lock lock(mutex_);
         auto c = submit_read(key, bytes);
         lock.unlock();
@@ -196,7 +198,7 @@ public:
     /// Removes the key from the child that holds it. Must not race with an operation on the
     /// same key. Returns false if no child held it.
     bool erase(std::string_view key) {
-        validate_key(key);
+        check_key(key);
         std::unique_lock lock(mutex_);
         auto it = find_entry(key);
         std::optional<std::size_t> home;
@@ -310,6 +312,16 @@ public:
     }
 
 private:
+    // validate_key() with the tier's name in front of its message: "<name>: key '...' ...",
+    // as the children say it (the name is added only when the key is refused).
+    void check_key(std::string_view key) const {
+        try {
+            validate_key(key);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(options_.name + ": " + e.what());
+        }
+    }
+
     // The saturating sum of f(child) over the children.
     template <class F>
     std::size_t sum_children(F f) const {
@@ -322,7 +334,7 @@ private:
     // Validates every key, then submits all requests under one lock and wakes the workers.
     template <class Request, class Submit>
     std::vector<io_completion> submit_batch(std::span<const Request> requests, Submit submit) {
-        for (auto& r : requests) validate_key(r.key);
+        for (auto& r : requests) check_key(r.key);
         std::vector<io_completion> out;
         out.reserve(requests.size());
         {
@@ -346,6 +358,9 @@ private:
         // Guarded by the tier's mutex_:
         double given = 0;                       // bandwidth from the options (0 when probed)
         std::array<bandwidth_estimate, 2> est;  // [read, write], bytes per second
+        // [read, write]: the snapshots est has taken in so far, the child's and the tier's own
+        // (of seen_x[d] only direction d's fields count).
+        std::array<tier_stats, 2> seen_child{}, seen_moved{};
         child_health health = child_health::healthy;
         std::string fault;
         std::size_t pending = 0;  // bytes of writes headed to this child
@@ -394,6 +409,12 @@ private:
             (void)queue_.add_lock(slots_[i]->locks.write_lock);  // lock_index: 2 * i + wr
         }
         if (options_.bandwidths.empty()) probe();
+        // The estimates take in the children's stats() from here on: the probe's transfers
+        // are in already, and what earlier users of a child moved is not this tier's.
+        for (std::size_t i = 0; i < n; ++i) {
+            const tier_stats now = child_stats(i);
+            slots_[i]->seen_child = {now, now};
+        }
         std::size_t workers = options_.workers ? options_.workers : 2 * n;
         queue_.set_workers(workers, options_.poll_interval);
         workers_.reserve(workers);
@@ -560,15 +581,30 @@ private:
                spillway::quoted(slots_[i]->name) + ")";
     }
 
-    /// Folds the moved-bytes counters of child i into its moving averages (under mutex_).
+    /// The stats() of child i.
+    tier_stats child_stats(std::size_t i) const {
+        return children_.visit(i, [](auto& c) { return tier_stats(c.stats()); });
+    }
+
+    /// Adds the transfers of direction `dir` on child i since the last update to its moving
+    /// average (under mutex_): as the child's stats() count them (bytes over busy seconds),
+    /// or, when the child counted none of them, as the tier timed its calls to the child.
+    /// The child's count is the path's own (a throttle counts issue to release, without this
+    /// tier's queueing), and a test child that reports a bandwidth it is told to makes the
+    /// adaptation exact on any machine.
     void update_estimate(std::size_t i, io_direction dir) {
         if (options_.placement != placement_mode::adaptive) return;
         auto& s = *slots_[i];
-        auto snap = s.moved.snapshot();
-        if (dir == io_direction::read)
-            s.est[rd].update(snap.bytes_read, snap.read_busy_seconds);
-        else
-            s.est[wr].update(snap.bytes_written, snap.write_busy_seconds);
+        const std::size_t d = dir_index(dir);
+        const tier_stats child = child_stats(i), moved = s.moved.snapshot();
+        auto sample = [&](const tier_stats& now, const tier_stats& then) {
+            const auto rate = detail::rate_of(now.since(then), dir);
+            if (rate) s.est[d].add(rate->first, rate->second);
+            return rate.has_value();
+        };
+        if (!sample(child, s.seen_child[d]) && !sample(moved, s.seen_moved[d])) return;
+        s.seen_child[d] = child;
+        s.seen_moved[d] = moved;
     }
 
     // ---- workers ----

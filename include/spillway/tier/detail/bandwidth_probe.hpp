@@ -5,12 +5,16 @@
 /// Protocol, for one child:
 ///  1. Pick a key "spillway-probe-<pid>-<n>" the child does not hold.
 ///  2. Under the child's write lock: one warm-up write of the buffer, then three timed ones;
-///     report the write bandwidth (bytes over the three writes' wall time).
+///     report the write bandwidth: bytes over busy seconds of the three writes as the
+///     child's stats() count them, or, for a child whose stats() counted none of it, bytes
+///     over the three writes' wall time.
 ///  3. Under the child's read lock: one warm-up read, then three timed ones; report the read
-///     bandwidth.
+///     bandwidth, measured as in step 2.
 ///  4. Erase the key.
 /// The warm-up absorbs first-touch costs and a throttle's burst allowance, which would
-/// flatter one lone transfer.
+/// flatter one lone transfer. The child's own count comes first so that the figure is the
+/// path's (a throttle counts issue to release), and so that a test child reporting a
+/// bandwidth it is told to makes the probe's result exact on any machine.
 ///
 /// Guarantees: a sample is reported as soon as its direction is measured (a failed read phase
 /// leaves the write sample reported); when a transfer throws a std::exception the probe key
@@ -20,11 +24,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -44,6 +50,18 @@ std::string probe_key(Child& child) {
     }
 }
 
+/// The transfers of direction `dir` in `d` (a difference of stats() snapshots, see
+/// tier_stats::since) as a bandwidth and its busy seconds; std::nullopt when no bytes or no
+/// busy time were counted that way.
+inline std::optional<std::pair<double, double>> rate_of(const tier_stats& d,
+                                                        io_direction dir) noexcept {
+    const bool rd = dir == io_direction::read;
+    const std::uint64_t bytes = rd ? d.bytes_read : d.bytes_written;
+    const double busy = rd ? d.read_busy_seconds : d.write_busy_seconds;
+    if (bytes == 0 || !(busy > 0)) return std::nullopt;
+    return std::pair<double, double>(static_cast<double>(bytes) / busy, busy);
+}
+
 /// Steps 2-4 of the file comment on `key`, with transfers of `pattern`, reading into `back`
 /// (at least as large).
 /// @param report called as report(io_direction, bytes_per_second, busy_seconds) per direction
@@ -55,26 +73,33 @@ void probe_bandwidth(Child& child, path_locks<Lock>& locks, const std::string& k
     using clock = std::chrono::steady_clock;
     constexpr int timed = 3;
     auto secs = [](auto d) { return std::max(1e-9, std::chrono::duration<double>(d).count()); };
-    try {
+    // Times `transfer` (timed + 1 calls, the first a warm-up) and reports the rate.
+    auto measure = [&](io_direction dir, auto&& transfer) {
         clock::time_point t0;
+        tier_stats before;
+        for (int r = 0; r <= timed; ++r) {
+            if (r == 1) {
+                before = child.stats();
+                t0 = clock::now();
+            }
+            transfer();
+        }
+        const double wall = secs(clock::now() - t0);
+        if (auto counted = rate_of(child.stats().since(before), dir))
+            report(dir, counted->first, counted->second);
+        else
+            report(dir, static_cast<double>(timed * pattern.size()) / wall, wall);
+    };
+    try {
         {
             std::scoped_lock guard(locks.write_lock);
-            for (int r = 0; r <= timed; ++r) {
-                if (r == 1) t0 = clock::now();
-                child.write(key, pattern).wait();
-            }
+            measure(io_direction::write, [&] { child.write(key, pattern).wait(); });
         }
-        double busy = secs(clock::now() - t0);
-        report(io_direction::write, static_cast<double>(timed * pattern.size()) / busy, busy);
         {
             std::scoped_lock guard(locks.read_lock);
-            for (int r = 0; r <= timed; ++r) {
-                if (r == 1) t0 = clock::now();
-                child.read(key, back.first(pattern.size())).wait();
-            }
+            measure(io_direction::read,
+                    [&] { child.read(key, back.first(pattern.size())).wait(); });
         }
-        busy = secs(clock::now() - t0);
-        report(io_direction::read, static_cast<double>(timed * pattern.size()) / busy, busy);
         (void)child.erase(key);
     } catch (const std::exception&) {
         try {
