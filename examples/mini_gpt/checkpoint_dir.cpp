@@ -331,7 +331,8 @@ std::string shard_folder(int rank, int ranks) {
 }
 
 void save_checkpoint(const std::filesystem::path& save_dir, std::int64_t steps_done,
-                     const gpt2& model, optimizer& optim, const train_state& state) {
+                     const gpt2& model, optimizer& optim, const train_state& state,
+                     streamed_params* streamed) {
     const int rank = dist::rank();
     const std::string name = step_folder(steps_done);
     const std::string shard = shard_folder(rank, dist::size());
@@ -342,11 +343,18 @@ void save_checkpoint(const std::filesystem::path& save_dir, std::int64_t steps_d
         make_save_dir(tmp);
     }
     dist::barrier();
-    make_save_dir(tmp / shard);
-    optim.save(tmp / shard);
+    if (!streamed) {
+        make_save_dir(tmp / shard);
+        optim.save(tmp / shard);
+    }
     dist::barrier();
     if (rank == 0) {
-        write_checkpoint(tmp / "model.bin", model.config(), model.llmc_params());
+        if (streamed) {  // layer by layer from the streams, no model-sized buffer
+            streamed->write_llmc(tmp / "model.bin");
+            streamed->write_moments(tmp / streamed_moments_file);
+        } else {
+            write_checkpoint(tmp / "model.bin", model.config(), model.llmc_params());
+        }
         write_state(tmp / "train.state", state);
         const std::string text = manifest_text(list_save_files(tmp));  // last: every file is in
         spillway::write_file(tmp / manifest_file,
@@ -365,7 +373,8 @@ void save_checkpoint(const std::filesystem::path& save_dir, std::int64_t steps_d
 
 train_state resume_checkpoint(const std::filesystem::path& resume_dir, const options& opt,
                               const std::string& data_name, gpt2& model, optimizer& optim,
-                              std::span<float> shard, const train_state& state) {
+                              std::span<float> shard, const train_state& state,
+                              streamed_params* streamed) {
     const auto dir = latest_save(resume_dir);
     const auto manifest = read_manifest(dir);
     train_state saved_state =
@@ -376,11 +385,30 @@ train_state resume_checkpoint(const std::filesystem::path& resume_dir, const opt
         throw input_error((dir / manifest_file).string() +
                           ": missing (the save's train.state is format 3, written beside its "
                           "manifest; without it the files cannot be checked)");
-    checkpoint ck = parse_checkpoint(read_checked(manifest, dir, "model.bin"), dir / "model.bin");
-    if (!(ck.config == model.config()))
-        throw input_error((dir / "model.bin").string() +
-                          ": the saved model's config differs from this run's");
-    model.load_llmc_params(ck.params);
+    std::error_code ec;
+    const bool saved_streamed =
+        std::filesystem::exists(std::filesystem::symlink_status(dir / streamed_moments_file, ec));
+    if (streamed && !saved_streamed)
+        throw input_error((dir / streamed_moments_file).string() +
+                          ": missing (the save was made without --offload params; resume it "
+                          "with the --offload it was made with)");
+    if (!streamed && saved_streamed)
+        throw input_error(dir.string() +
+                          ": a save made with --offload params (its AdamW moments are in " +
+                          streamed_moments_file + "); resume it with --offload params");
+    if (!streamed) {
+        checkpoint ck =
+            parse_checkpoint(read_checked(manifest, dir, "model.bin"), dir / "model.bin");
+        if (!(ck.config == model.config()))
+            throw input_error((dir / "model.bin").string() +
+                              ": the saved model's config differs from this run's");
+        model.load_llmc_params(ck.params);
+    } else if (manifest) {  // checked in pieces: neither file is held whole
+        for (const char* name : {"model.bin", streamed_moments_file}) {
+            const auto [nbytes, crc] = file_crc(dir / name);
+            check_entry(*manifest, dir, name, nbytes, crc);
+        }
+    }
     const train_state::run_shape run = state.shape;
     if (saved_state.has_run_shape) {
         const auto& saved = saved_state.shape;
@@ -406,6 +434,10 @@ train_state resume_checkpoint(const std::filesystem::path& resume_dir, const opt
         throw input_error("--steps " + std::to_string(opt.steps) + ": the save " + dir.string() +
                           " is already at step " + std::to_string(saved_state.next_step) +
                           "; ask for more steps");
+    if (streamed) {
+        streamed->load(dir / "model.bin", dir / streamed_moments_file);
+        return saved_state;
+    }
     const auto shard_dir = dir / shard_folder(dist::rank(), dist::size());
     if (!std::filesystem::is_directory(shard_dir))
         throw input_error(shard_dir.string() +

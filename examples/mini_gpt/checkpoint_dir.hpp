@@ -28,6 +28,7 @@
 
 #include "gpt2.hpp"
 #include "optimizer.hpp"
+#include "streamed_params.hpp"
 #include "trainer.hpp"
 
 namespace mini_gpt {
@@ -68,18 +69,28 @@ std::string step_folder(std::int64_t step);
 /// The name of rank `rank`'s optimizer folder in a save: "shard-<rank>-of-<ranks>".
 std::string shard_folder(int rank, int ranks);
 
+/// The file of a save that holds the AdamW moments of --offload params
+/// (streamed_params::write_moments); such a save has no optimizer shard folders.
+inline constexpr const char* streamed_moments_file = "params-moments.bin";
+
 /// Saves the run after `steps_done` steps into `save_dir` (the protocol above). Every rank
-/// calls it (collective): each writes its optimizer shard, rank 0 the rest.
+/// calls it (collective): each writes its optimizer shard, rank 0 the rest. With `streamed`
+/// (--offload params) rank 0 writes model.bin and params-moments.bin layer by layer from the
+/// streams instead (every rank's streams hold the same state) and there are no shards.
 void save_checkpoint(const std::filesystem::path& save_dir, std::int64_t steps_done,
-                     const gpt2& model, optimizer& optim, const train_state& state);
+                     const gpt2& model, optimizer& optim, const train_state& state,
+                     streamed_params* streamed = nullptr);
 
 /// Loads the latest save in `dir` (--resume): the model's parameters, this rank's optimizer
 /// shard (whose params are `shard`), and the state, which must have been saved from a run of
 /// the same shape as `state.shape` (checked when the save recorded it); returns the state,
 /// carrying this run's shape. Every file is checked against save.manifest first (see above).
+/// With `streamed`, model.bin and params-moments.bin (checked against the manifest, read in
+/// pieces) fill the streams layer by layer; `optim` and `shard` are not used.
 /// Throws input_error naming the file and the problem.
 train_state resume_checkpoint(const std::filesystem::path& dir, const options& opt,
                               const std::string& data_name, gpt2& model, optimizer& optim,
-                              std::span<float> shard, const train_state& state);
+                              std::span<float> shard, const train_state& state,
+                              streamed_params* streamed = nullptr);
 
 }  // namespace mini_gpt

@@ -292,10 +292,6 @@ options parse_options(const std::vector<std::string>& args) {
             bad_flag("--model",
                      "--offload params starts from --init or the default model "
                      "(reading a checkpoint whole would exceed the memory budget)");
-        if (!o.save_dir.empty() || !o.resume_dir.empty())
-            bad_flag(o.save_dir.empty() ? "--resume" : "--save",
-                     "not yet with --offload params (the streamed state is not saved); use "
-                     "--save-model for the weights");
     } else if (o.memory_budget > 0) {
         bad_flag("--memory-budget", std::string("needs --offload params (the mode that plans ") +
                                         "every resident byte), got --offload " +

@@ -671,7 +671,8 @@ void gpt2::use_param_store(param_store* store) {
     pstore_ = store ? store : own_store_.get();
 }
 
-void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::span<float> out) {
+void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::span<float> out,
+                     thread_pool* pool) {
     const param_layout layout(c);
     const auto [begin, end] = layout.layer_range(layer);
     if (out.size() != end - begin)
@@ -687,9 +688,15 @@ void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::s
     const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
     std::fill(out.begin(), out.end(), 0.0f);
     auto normal = [&](float* w, std::size_t n, std::uint64_t first_draw, float stddev) {
-        normal_rng rng(seed);
-        rng.skip_normals(first_draw);
-        for (std::size_t i = 0; i < n; ++i) w[i] = rng.normal(stddev);
+        auto piece = [&](std::size_t from, std::size_t to) {
+            normal_rng rng(seed);
+            rng.skip_normals(first_draw + from);  // draw i of the tensor is draw first_draw+i
+            for (std::size_t i = from; i < to; ++i) w[i] = rng.normal(stddev);
+        };
+        if (pool)
+            pool->parallel_for(n, piece, std::size_t{1} << 14);
+        else
+            piece(0, n);
     };
     if (layer < 0) {  // wte (padded rows 0), wpe
         normal(out.data(), wte_n, 0, 0.02f);

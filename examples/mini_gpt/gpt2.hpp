@@ -482,7 +482,9 @@ double flops_per_token(const gpt2_config& c, int T);
 /// -1 the embeddings, 0..L-1 a block, L the final LayerNorm), written to `out` (exactly that
 /// range's floats): the same bits as the whole-model init for the same seed. The generator is
 /// counter-based (SplitMix64), so each tensor's draws start at their index in the
-/// whole-model order without drawing the ones before.
-void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::span<float> out);
+/// whole-model order without drawing the ones before; for the same reason `pool` (optional)
+/// may draw the pieces of a tensor on its threads with the same bits.
+void init_gpt2_layer(const gpt2_config& c, std::uint64_t seed, int layer, std::span<float> out,
+                     spillway::thread_pool* pool = nullptr);
 
 }  // namespace mini_gpt

@@ -3,13 +3,19 @@
 #include "streamed_params.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "dist.hpp"
 #include "llmc_format.hpp"
+#include "spillway/io/durable_file.hpp"
 #include "spillway/optim/adam.hpp"
 
 namespace mini_gpt {
@@ -57,6 +63,87 @@ void adam_step(const adam_hparams& h, std::int64_t t, std::span<float> params, s
             "step " + std::to_string(t) + ": an inf or NaN gradient in " + what +
             ": --offload params updates each layer as soon as backward finishes it, so it cannot "
             "skip the step (the layers above are already updated)");
+}
+
+constexpr char moments_magic[8] = {'M', 'G', 'P', 'T', 'M', 'O', 'M', '1'};
+constexpr std::size_t moments_header = 32;  // magic, L, n, e
+
+/// A file of a save written at offsets (created anew, mode 0600, fsynced by finish()).
+class out_file {
+public:
+    explicit out_file(const std::filesystem::path& path) : path_(path) {
+        fd_ = spillway::unique_fd(
+            ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+        if (fd_.get() < 0) fail("cannot create it");
+    }
+    void write(std::size_t offset, const void* data, std::size_t nbytes) {
+        const auto* p = static_cast<const char*>(data);
+        while (nbytes > 0) {
+            const ssize_t n = ::pwrite(fd_.get(), p, nbytes, static_cast<off_t>(offset));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) fail("write failed");
+            p += n;
+            offset += static_cast<std::size_t>(n);
+            nbytes -= static_cast<std::size_t>(n);
+        }
+    }
+    void finish() {
+        if (::fsync(fd_.get()) != 0) fail("fsync failed");
+        fd_.reset();
+    }
+
+private:
+    [[noreturn]] void fail(const char* what) const {
+        throw input_error(path_.string() + ": " + what + ": " + std::strerror(errno));
+    }
+    std::filesystem::path path_;
+    spillway::unique_fd fd_;
+};
+
+/// A file of a save read at offsets; its size is checked on opening.
+class in_file {
+public:
+    in_file(const std::filesystem::path& path, std::size_t want) : path_(path) {
+        try {
+            fd_ = spillway::open_regular_file(path, "");
+        } catch (const std::system_error& e) {
+            throw input_error(e.what());
+        }
+        const off_t size = ::lseek(fd_.get(), 0, SEEK_END);
+        if (size < 0 || static_cast<std::size_t>(size) != want)
+            throw input_error(path.string() + ": " + std::to_string(size) +
+                              " bytes, this run's model needs " + std::to_string(want));
+    }
+    void read(std::size_t offset, void* data, std::size_t nbytes) {
+        auto* p = static_cast<char*>(data);
+        while (nbytes > 0) {
+            const ssize_t n = ::pread(fd_.get(), p, nbytes, static_cast<off_t>(offset));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0)
+                throw input_error(path_.string() + ": read failed: " +
+                                  (n == 0 ? std::string("short file") : std::strerror(errno)));
+            p += n;
+            offset += static_cast<std::size_t>(n);
+            nbytes -= static_cast<std::size_t>(n);
+        }
+    }
+
+private:
+    std::filesystem::path path_;
+    spillway::unique_fd fd_;
+};
+
+std::array<std::int32_t, header_ints> llmc_header(const gpt2_config& c) {
+    std::array<std::int32_t, header_ints> h{};
+    h[0] = checkpoint_magic;
+    h[1] = checkpoint_version;
+    h[2] = c.max_seq_len;
+    h[3] = c.vocab_size;
+    h[4] = c.num_layers;
+    h[5] = c.num_heads;
+    h[6] = c.channels;
+    h[7] = c.padded_vocab_size;
+    return h;
 }
 
 }  // namespace
@@ -128,8 +215,8 @@ void streamed_params::init_gpt2(std::uint64_t seed,
                                 const std::function<void(std::size_t, std::size_t)>& progress) {
     const int L = config_.num_layers;
     const std::size_t emb = layout_.layer_range(-1).second;
-    init_gpt2_layer(config_, seed, -1, std::span<float>(ends_p_).first(emb));
-    init_gpt2_layer(config_, seed, L, std::span<float>(ends_p_).subspan(emb));
+    init_gpt2_layer(config_, seed, -1, std::span<float>(ends_p_).first(emb), s_.pool);
+    init_gpt2_layer(config_, seed, L, std::span<float>(ends_p_).subspan(emb), s_.pool);
     const std::size_t total = params_->total_bytes() + state_->total_bytes();
     auto report = [&] {
         if (!progress) return;
@@ -139,7 +226,7 @@ void streamed_params::init_gpt2(std::uint64_t seed,
     for (int l = 0; l < L; ++l) {
         const auto at = static_cast<std::size_t>(l);
         params_->fill(at, [&](spillway::layer_update_view v) {
-            init_gpt2_layer(config_, seed, l, v.as<float>());
+            init_gpt2_layer(config_, seed, l, v.as<float>(), s_.pool);
         });
         state_->fill(
             at, [](spillway::layer_update_view v) { std::memset(v.bytes().data(), 0, v.size()); });
@@ -200,6 +287,112 @@ std::vector<float> streamed_params::llmc_params() {
     }
     layout_.to_llmc_order(model, out);
     return out;
+}
+
+template <class Fn>
+void streamed_params::for_each_tensor(int layer, Fn&& fn) const {
+    const int L = config_.num_layers;
+    if (layer < 0) {  // wte, wpe | lnfw, lnfb
+        const std::size_t emb = layout_.layer_range(-1).second, lnf = layout_.layer_range(L).first;
+        for (int k : {0, 1, 14, 15}) {
+            const auto ks = static_cast<std::size_t>(k);
+            const std::size_t at = layout_.offset(k);
+            fn(layout_.llmc_offsets[ks], k < 2 ? at : emb + (at - lnf), layout_.sizes[ks]);
+        }
+        return;
+    }
+    const std::size_t first = layout_.layer_range(layer).first;
+    for (int k = 2; k < 14; ++k) {
+        const auto ks = static_cast<std::size_t>(k);
+        const std::size_t n = layout_.sizes[ks] / static_cast<std::size_t>(L);
+        fn(layout_.llmc_offsets[ks] + static_cast<std::size_t>(layer) * n,
+           layout_.offset(k, layer) - first, n);
+    }
+}
+
+void streamed_params::write_llmc(const std::filesystem::path& file) {
+    out_file out(file);
+    const auto header = llmc_header(config_);
+    out.write(0, header.data(), sizeof header);
+    constexpr std::size_t base = sizeof header;
+    auto put = [&](const float* run) {
+        return [&out, run](std::size_t llmc, std::size_t in_run, std::size_t n) {
+            out.write(base + llmc * sizeof(float), run + in_run, n * sizeof(float));
+        };
+    };
+    for_each_tensor(-1, put(ends_p_.data()));
+    for (int l = 0; l < config_.num_layers; ++l) {
+        const auto at = static_cast<std::size_t>(l);
+        const auto v = params_->acquire(at).as<float>();
+        for_each_tensor(l, put(v.data()));
+        params_->release(at);
+    }
+    out.finish();
+}
+
+void streamed_params::write_moments(const std::filesystem::path& file) {
+    out_file out(file);
+    const std::uint64_t head[4] = {0, static_cast<std::uint64_t>(config_.num_layers),
+                                   layer_g_.size(), ends_m_.size()};
+    out.write(0, head, sizeof head);
+    out.write(0, moments_magic, sizeof moments_magic);
+    std::size_t at = moments_header;
+    for (int l = 0; l < config_.num_layers; ++l) {
+        const auto layer = static_cast<std::size_t>(l);
+        const auto v = state_->acquire(layer).bytes();
+        out.write(at, v.data(), v.size());
+        at += v.size();
+        state_->release(layer);
+    }
+    out.write(at, ends_m_.data(), ends_m_.size() * sizeof(float));
+    at += ends_m_.size() * sizeof(float);
+    out.write(at, ends_v_.data(), ends_v_.size() * sizeof(float));
+    out.finish();
+}
+
+void streamed_params::load(const std::filesystem::path& model_file,
+                           const std::filesystem::path& moments_file) {
+    const std::size_t L = static_cast<std::size_t>(config_.num_layers), n = layer_g_.size(),
+                      e = ends_m_.size();
+    // 1. Both files' headers and sizes, before any layer is filled.
+    const auto want = llmc_header(config_);
+    in_file model(model_file, sizeof want + layout_.total * sizeof(float));
+    std::array<std::int32_t, header_ints> header{};
+    model.read(0, header.data(), sizeof header);
+    if (header != want)
+        throw input_error(model_file.string() +
+                          ": not a checkpoint of this run's model (its header's magic, version "
+                          "or config differs)");
+    in_file moments(moments_file, moments_header + (2 * n * L + 2 * e) * sizeof(float));
+    std::uint64_t head[4] = {};
+    moments.read(0, head, sizeof head);
+    if (std::memcmp(head, moments_magic, sizeof moments_magic) != 0 || head[1] != L ||
+        head[2] != n || head[3] != e)
+        throw input_error(moments_file.string() +
+                          ": not the AdamW moments of this run's model (its header differs)");
+    // 2. The ends, then each layer's params and m|v into the streams.
+    constexpr std::size_t base = sizeof header;
+    auto get = [&](float* run) {
+        return [&model, run](std::size_t llmc, std::size_t in_run, std::size_t count) {
+            model.read(base + llmc * sizeof(float), run + in_run, count * sizeof(float));
+        };
+    };
+    for_each_tensor(-1, get(ends_p_.data()));
+    std::size_t at = moments_header;
+    for (int l = 0; l < config_.num_layers; ++l) {
+        const auto layer = static_cast<std::size_t>(l);
+        params_->fill(layer, [&](spillway::layer_update_view v) {
+            for_each_tensor(l, get(v.as<float>().data()));
+        });
+        state_->fill(layer, [&](spillway::layer_update_view v) {
+            moments.read(at, v.bytes().data(), v.size());
+        });
+        at += 2 * n * sizeof(float);
+    }
+    moments.read(at, ends_m_.data(), e * sizeof(float));
+    moments.read(at + e * sizeof(float), ends_v_.data(), e * sizeof(float));
+    params_->flush();
+    state_->flush();
 }
 
 stream_traffic streamed_params::traffic() const {

@@ -99,6 +99,24 @@ public:
     /// after the last step).
     [[nodiscard]] std::vector<float> llmc_params();
 
+    /// Saving and resuming (--save, --resume) without a model-sized buffer: each layer's
+    /// params and m|v are read from the stream (acquire, release) and written straight to
+    /// their places in the file, one layer at a time.
+    /// - write_llmc: an llm.c checkpoint of the model (the bytes write_checkpoint would
+    ///   write for llmc_params()); the layer's twelve tensors go to their llm.c offsets.
+    /// - write_moments: the AdamW moments, in this layout (little-endian):
+    ///     "MGPTMOM1", u64 layers L, u64 floats per layer n, u64 floats of the ends e,
+    ///     then for l = 0..L-1 layer l's m (n floats) and v (n floats), then the ends' m and
+    ///     v (e floats each).
+    /// Both create `file` anew (O_EXCL, mode 0600) and fsync it.
+    /// - load: fills the streams from such files (param_stream::fill, layer by layer, under
+    ///   the windows) and the ends from them; the model's config must be this one's.
+    /// @throws input_error naming the file (exists, cannot be written, read, of another
+    ///         config or size)
+    void write_llmc(const std::filesystem::path& file);
+    void write_moments(const std::filesystem::path& file);
+    void load(const std::filesystem::path& model_file, const std::filesystem::path& moments_file);
+
     [[nodiscard]] stream_traffic traffic() const;
     [[nodiscard]] spillway::param_stream_stats param_stats() const { return params_->stats(); }
     [[nodiscard]] spillway::param_stream_stats state_stats() const { return state_->stats(); }
@@ -117,6 +135,10 @@ public:
 
 private:
     ends_t ends_of(float* base) const noexcept;
+    /// Calls fn(llm.c float offset, float offset in the layer's run, floats) for each tensor
+    /// of `layer` (-1: the ends, whose run is ends_p_'s layout).
+    template <class Fn>
+    void for_each_tensor(int layer, Fn&& fn) const;
 
     gpt2_config config_;
     param_layout layout_;

@@ -377,7 +377,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         sps.reduce_gradients = nranks > 1;
         streamed = std::make_unique<streamed_params>(config, sps);
         model.use_param_store(streamed.get());
-        write_first_state(*streamed, opt, out);
+        if (opt.resume_dir.empty()) write_first_state(*streamed, opt, out);  // (else the save's)
     }
     if (offload_act) {
         // With a memory budget every layer's activations leave (the adaptive split may keep
@@ -400,12 +400,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         state.has_run_shape = true;
         state.shape = {static_cast<std::int32_t>(opt.grads), B, T, tokens.size(), data_hash};
     }
-    if (offload_params)
-        ;  // (fresh: --save and --resume are refused with --offload params)
-    else if (!opt.resume_dir.empty())
-        state = resume_checkpoint(opt.resume_dir, opt, data_name, model, *optim, shard, state);
-    else
-        optim->init(shard);
+    if (!opt.resume_dir.empty())
+        state = resume_checkpoint(opt.resume_dir, opt, data_name, model, *optim, shard, state,
+                                  streamed.get());
+    else if (!offload_params)
+        optim->init(shard);  // (--offload params: write_first_state zeroed the moments)
     if (nranks > 1) check_same_run(opt, state, tokens, data_hash, nparams);
 
     // 6. Train.
@@ -421,7 +420,7 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         losses.push_back(r.loss);
         printer.step(r);
         if (!opt.save_dir.empty() && (step + 1) % opt.save_every == 0)
-            save_checkpoint(opt.save_dir, step + 1, model, *optim, state);
+            save_checkpoint(opt.save_dir, step + 1, model, *optim, state, streamed.get());
     }
 
     // 7. The end: --save-model, the trace and the summary.

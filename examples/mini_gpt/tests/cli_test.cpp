@@ -419,21 +419,18 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
     }
 }
 
-TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted losses") {
+namespace {
+
+/// Runs `mode` (offload and gradient flags) for 10 steps straight, then again with saves every
+/// 3 steps killed with SIGKILL after step 7, then resumed: the same losses.
+void check_killed_and_resumed(const std::vector<std::string>& mode) {
     spillway::test::temp_dir dir("mini_gpt_cli");
     const auto d = dir.path();
     const int steps = 10;
-    auto common = tiny_args() + std::vector<std::string>{"--steps",
-                                                         std::to_string(steps),
-                                                         "--json",
-                                                         "--offload",
-                                                         "all",
-                                                         "--path",
-                                                         (d / "p").string(),
-                                                         "--lock-dir",
-                                                         (d / "locks").string(),
-                                                         "--grad-dtype",
-                                                         "bf16"};
+    auto common = tiny_args() + mode +
+                  std::vector<std::string>{
+                      "--steps",    std::to_string(steps), "--json", "--path", (d / "p").string(),
+                      "--lock-dir", (d / "locks").string()};
     auto straight = run(d, common);
     REQUIRE(straight.status == 0);
     auto want = json_losses(straight.out);
@@ -455,6 +452,18 @@ TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted
     std::size_t from = static_cast<std::size_t>(steps) - got.size();
     CHECK((from == 6 || from == 9));
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[from + i]);
+}
+
+}  // namespace
+
+TEST_CASE("a run killed with SIGKILL and resumed gives exactly the uninterrupted losses") {
+    check_killed_and_resumed({"--offload", "all", "--grad-dtype", "bf16"});
+}
+
+TEST_CASE(
+    "--offload params: a run killed with SIGKILL and resumed gives exactly the uninterrupted "
+    "losses") {
+    check_killed_and_resumed({"--offload", "params"});
 }
 
 TEST_CASE(

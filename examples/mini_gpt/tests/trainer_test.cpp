@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint_dir.hpp"
 #include "corpus.hpp"
 #include "gpt2.hpp"
 #include "llmc_format.hpp"
@@ -77,12 +78,13 @@ TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
     for (grad_dtype g : {grad_dtype::fp32, grad_dtype::bf16, grad_dtype::fp16}) {
         std::vector<float> ref_losses;
         std::vector<char> ref_model;
-        for (offload_mode m : {offload_mode::none, offload_mode::optimizer, offload_mode::activations,
-                               offload_mode::all}) {
+        for (offload_mode m : {offload_mode::none, offload_mode::optimizer,
+                               offload_mode::activations, offload_mode::all}) {
             options o = tiny(dir.path());
             o.grads = g;
             o.offload = m;
-            o.save_model = dir.path() / ("model-" + std::to_string(static_cast<int>(g)) + "-" + offload_name(m) + ".bin");
+            o.save_model = dir.path() / ("model-" + std::to_string(static_cast<int>(g)) + "-" +
+                                         offload_name(m) + ".bin");
             auto losses = run(o);
             auto model = file_bytes(o.save_model);
             INFO("grad dtype " << static_cast<int>(g) << ", offload " << offload_name(m));
@@ -102,7 +104,8 @@ TEST_CASE("every --offload mode gives bit-identical losses and parameters") {
         auto d = dir.path() / p;
         std::size_t left = 0;
         if (std::filesystem::exists(d))
-            for (auto it = std::filesystem::recursive_directory_iterator(d); it != std::filesystem::recursive_directory_iterator(); ++it)
+            for (auto it = std::filesystem::recursive_directory_iterator(d);
+                 it != std::filesystem::recursive_directory_iterator(); ++it)
                 if (it->is_regular_file()) ++left;
         CHECK(left == 0);
     }
@@ -130,8 +133,9 @@ TEST_CASE("updates run under the next forward give the same bits, on ascending i
         models.push_back(file_bytes(u.save_model));
         REQUIRE(report.update_deferred.size() == 6);
         // Ascending iterations are steps 0, 2, 4; step 2 saves, the last step ends the run.
-        const std::vector<bool> expected = under ? std::vector<bool>{true, false, false, false, true, false}
-                                                 : std::vector<bool>(6, false);
+        const std::vector<bool> expected =
+            under ? std::vector<bool>{true, false, false, false, true, false}
+                  : std::vector<bool>(6, false);
         CHECK(report.update_deferred == expected);
         for (std::size_t k = 0; k < 6; ++k)
             if (k == 0 || !report.update_deferred[k - 1]) CHECK(report.param_wait_ms[k] == 0.0);
@@ -162,7 +166,9 @@ TEST_CASE("updates run under the next forward give the same bits, on ascending i
     CHECK(report.update_deferred == std::vector<bool>(6, false));
 }
 
-TEST_CASE("updates run under backward give the same bits, on descending iterations with fp32 gradients only") {
+TEST_CASE(
+    "updates run under backward give the same bits, on descending iterations with fp32 gradients "
+    "only") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
     o.layers = 3;
@@ -170,7 +176,8 @@ TEST_CASE("updates run under backward give the same bits, on descending iteratio
     o.subgroup = 2000;  // ~20 subgroups: each layer spans several, and the embeddings several more
     o.offload = offload_mode::optimizer;
     o.save_dir = dir.path() / "saves";
-    o.save_every = 4;  // a save after step 3, a descending step: its update finishes before the save
+    o.save_every =
+        4;  // a save after step 3, a descending step: its update finishes before the save
     std::vector<std::vector<char>> models;
     std::vector<std::vector<float>> losses;
     for (bool under : {false, true}) {
@@ -184,7 +191,8 @@ TEST_CASE("updates run under backward give the same bits, on descending iteratio
         // Descending iterations are steps 1, 3, 5; the ascending ones run under the next
         // forward either way.
         const std::vector<bool> expected =
-            under ? std::vector<bool>{false, true, false, true, false, true} : std::vector<bool>(6, false);
+            under ? std::vector<bool>{false, true, false, true, false, true}
+                  : std::vector<bool>(6, false);
         CHECK(report.update_under_backward == expected);
         CHECK(report.update_deferred == std::vector<bool>{true, false, true, false, true, false});
         CHECK((out.str().find("ran under their own backward") != std::string::npos) == under);
@@ -233,7 +241,9 @@ TEST_CASE("an inf or NaN gradient in an update under backward stops the run with
     o.offload = offload_mode::optimizer;
     o.lr = 1e30f;  // step 0's update blows the params up: step 1's gradients are NaN
     // Step 1 walks downwards, under backward: it cannot skip, so the run stops, naming the step.
-    CHECK_THROWS_WITH_AS(run(o), doctest::Contains("step 2: update_pipeline: a gradient of subgroup"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(run(o),
+                         doctest::Contains("step 2: update_pipeline: a gradient of subgroup"),
+                         std::runtime_error);
     // With the update after backward, the step is skipped as in every other mode.
     o.update_under_backward = false;
     std::ostringstream out;
@@ -253,7 +263,9 @@ TEST_CASE("every --act-split choice gives the same bits") {
     check_act_splits(o, offload_mode::activations, {-1, 0, 2, 1 << 30});
 }
 
-TEST_CASE("recomputing the LayerNorm, attention and GELU outputs in backward gives the same bits and a lower peak") {
+TEST_CASE(
+    "recomputing the LayerNorm, attention and GELU outputs in backward gives the same bits and a "
+    "lower peak") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
     o.layers = 3;
@@ -265,7 +277,8 @@ TEST_CASE("recomputing the LayerNorm, attention and GELU outputs in backward giv
     for (bool recompute : {false, true}) {
         options s = o;
         s.offload = offload_mode::activations;
-        s.act_split = 1 << 30;  // every layer offloaded: the peak is the stash's budget and forward's buffers
+        s.act_split =
+            1 << 30;  // every layer offloaded: the peak is the stash's budget and forward's buffers
         s.act_recompute = recompute;
         s.save_model = dir.path() / (recompute ? "recompute-on.bin" : "recompute-off.bin");
         INFO("--act-recompute " << (recompute ? "on" : "off"));
@@ -273,14 +286,16 @@ TEST_CASE("recomputing the LayerNorm, attention and GELU outputs in backward giv
         run_report rep;
         CHECK(train(s, out, &rep) == ref);
         CHECK(file_bytes(s.save_model) == ref_model);
-        peak[recompute] = *std::max_element(rep.act_peak_bytes.begin() + 1, rep.act_peak_bytes.end());
+        peak[recompute] =
+            *std::max_element(rep.act_peak_bytes.begin() + 1, rep.act_peak_bytes.end());
         // Stored, the attention probabilities are saved twice (by the softmax and by att @ v)
         // and deduplicated; recomputed, they are not saved, and the summary says why.
         const std::string summary = out.str();
         const auto dedup = summary.find("(dedup ");
         REQUIRE(dedup != std::string::npos);
         CHECK((summary.compare(dedup, 10, "(dedup 0 B") == 0) == recompute);
-        CHECK((summary.find("probabilities, saved twice otherwise, are recomputed") != std::string::npos) == recompute);
+        CHECK((summary.find("probabilities, saved twice otherwise, are recomputed") !=
+               std::string::npos) == recompute);
     }
     // Stored with recompute: 9 of 16 (B,T,C)-sized floats per position, and no attention
     // probabilities; the scratch buffers hold 6 of them and the probabilities.
@@ -346,9 +361,11 @@ TEST_CASE("offloading every layer keeps at most the computed layer and one more 
     // output, and the kept LayerNorm statistics) plus the layer forward computes into, each
     // tensor's buffer rounded up to 4 KiB.
     const std::size_t bt = static_cast<std::size_t>(o.batch * o.seq);
-    const std::size_t stats = 4 * spillway::align_up(bt * sizeof(float)) * static_cast<std::size_t>(o.layers);
+    const std::size_t stats =
+        4 * spillway::align_up(bt * sizeof(float)) * static_cast<std::size_t>(o.layers);
     const std::size_t residual = bt * static_cast<std::size_t>(o.channels) * sizeof(float);
-    const std::size_t bound = fixed + 2 * layer + residual + stats + (2 * layer_acts::num_tensors + 1) * 4096;
+    const std::size_t bound =
+        fixed + 2 * layer + residual + stats + (2 * layer_acts::num_tensors + 1) * 4096;
     REQUIRE(rep.act_peak_bytes.size() == 3);
     for (std::size_t peak : rep.act_peak_bytes) {
         CHECK(peak <= bound);
@@ -365,7 +382,8 @@ TEST_CASE("the default activation budget holds the last layer's backward at any 
     o.channels = 64;
     o.batch = 320;
     o.steps = 2;
-    REQUIRE(static_cast<std::size_t>(o.batch * o.seq * o.channels) * sizeof(float) > (std::size_t{1} << 20));
+    REQUIRE(static_cast<std::size_t>(o.batch * o.seq * o.channels) * sizeof(float) >
+            (std::size_t{1} << 20));
     check_act_splits(o, offload_mode::all, {-1, 1 << 30});
 }
 
@@ -446,7 +464,8 @@ TEST_CASE("save and resume continue with exactly the uninterrupted losses") {
             first.save_model.clear();
             auto part1 = run(first);
             CHECK(std::filesystem::exists(dir.path() / "saves" / "step-00000004"));
-            CHECK_FALSE(std::filesystem::exists(dir.path() / "saves" / "step-00000002"));  // older saves pruned
+            CHECK_FALSE(std::filesystem::exists(dir.path() / "saves" /
+                                                "step-00000002"));  // older saves pruned
 
             options second = o;
             second.resume_dir = dir.path() / "saves";
@@ -456,7 +475,8 @@ TEST_CASE("save and resume continue with exactly the uninterrupted losses") {
             CHECK(std::vector<float>(straight.begin(), straight.begin() + 4) == part1);
             CHECK(part2[0] == straight[4]);
             CHECK(part2[1] == straight[5]);
-            CHECK(file_bytes(dir.path() / "straight.bin") == file_bytes(dir.path() / "resumed.bin"));
+            CHECK(file_bytes(dir.path() / "straight.bin") ==
+                  file_bytes(dir.path() / "resumed.bin"));
         }
     }
 }
@@ -492,7 +512,8 @@ TEST_CASE("batch k starts at token k*B*T, targets are shifted by one, and batche
     CHECK(tg[7] == 24);
 }
 
-TEST_CASE("llm.c files round trip, and a model trained from a token file matches the built-in run") {
+TEST_CASE(
+    "llm.c files round trip, and a model trained from a token file matches the built-in run") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
     o.steps = 2;
@@ -563,7 +584,9 @@ std::string run_command(const std::string& command, int& status) {
 
 }  // namespace
 
-TEST_CASE("--offload params with the smallest budget streams every layer and gives the bits of --offload none") {
+TEST_CASE(
+    "--offload params with the smallest budget streams every layer and gives the bits of --offload "
+    "none") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
     o.layers = 3;
@@ -611,7 +634,8 @@ TEST_CASE("--offload params with the smallest budget streams every layer and giv
     CHECK(left == 0);
 }
 
-TEST_CASE("--offload params with the default windows and with a larger budget gives the same bits") {
+TEST_CASE(
+    "--offload params with the default windows and with a larger budget gives the same bits") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
     o.layers = 4;
@@ -627,9 +651,89 @@ TEST_CASE("--offload params with the default windows and with a larger budget gi
     CHECK(report.param_read.back() == 0);  // all resident after the first step
 }
 
+TEST_CASE(
+    "--offload params: save and resume continue with exactly the uninterrupted losses and "
+    "weights") {
+    spillway::test::temp_dir dir("mini_gpt");
+    options o = tiny(dir.path());
+    o.layers = 3;
+    o.steps = 6;
+    o.offload = offload_mode::params;
+    o.baseline_rss = 64 << 20;
+    o.memory_budget = smallest_budget_of(o);  // every layer streamed, at save and at resume
+    o.save_model = dir.path() / "straight.bin";
+    const auto straight = run(o);
+
+    options first = o;
+    first.steps = 4;
+    first.save_dir = dir.path() / "saves";
+    first.save_every = 2;
+    first.save_model.clear();
+    const auto part1 = run(first);
+    const auto save = dir.path() / "saves" / "step-00000004";
+    REQUIRE(std::filesystem::exists(save / "model.bin"));
+    REQUIRE(std::filesystem::exists(save / streamed_moments_file));
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "saves" / "step-00000002"));
+
+    options second = o;
+    second.resume_dir = dir.path() / "saves";
+    second.save_model = dir.path() / "resumed.bin";
+    const auto part2 = run(second);
+    REQUIRE(part2.size() == 2);
+    CHECK(std::vector<float>(straight.begin(), straight.begin() + 4) == part1);
+    CHECK(part2[0] == straight[4]);
+    CHECK(part2[1] == straight[5]);
+    CHECK(file_bytes(dir.path() / "straight.bin") == file_bytes(dir.path() / "resumed.bin"));
+
+    // The save's model.bin is the llm.c checkpoint of the weights after step 4: the same bytes
+    // as --offload none's save after 4 steps.
+    options none = first;
+    none.offload = offload_mode::none;
+    none.memory_budget = 0;
+    none.save_dir = dir.path() / "none-saves";
+    run(none);
+    CHECK(file_bytes(save / "model.bin") ==
+          file_bytes(dir.path() / "none-saves" / "step-00000004" / "model.bin"));
+
+    // A save of one offload mode is not resumed by the other, and says why.
+    options other = o;
+    other.offload = offload_mode::none;
+    other.memory_budget = 0;
+    other.resume_dir = dir.path() / "saves";
+    CHECK(message_of([&] { run(other); }).find("resume it with --offload params") !=
+          std::string::npos);
+    options from_none = o;
+    from_none.resume_dir = dir.path() / "none-saves";
+    CHECK(message_of([&] { run(from_none); }).find("made without --offload params") !=
+          std::string::npos);
+
+    // A damaged file of the save is refused by name.
+    for (const char* name : {"model.bin", streamed_moments_file}) {
+        spillway::test::temp_dir copy("mini_gpt");
+        std::filesystem::copy(dir.path() / "saves", copy.path() / "saves",
+                              std::filesystem::copy_options::recursive);
+        const auto file = copy.path() / "saves" / "step-00000004" / name;
+        {
+            std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(2000);
+            char b = 0;
+            f.read(&b, 1);
+            b = static_cast<char>(b ^ 0x40);
+            f.seekp(2000);
+            f.write(&b, 1);
+        }
+        options damaged = o;
+        damaged.resume_dir = copy.path() / "saves";
+        const auto m = message_of([&] { run(damaged); });
+        INFO(m);
+        CHECK(m.find(file.string()) != std::string::npos);
+        CHECK(m.find("corrupted") != std::string::npos);
+    }
+}
+
 TEST_CASE("per-layer GPT-2 init gives the bits of the whole-model init") {
     spillway::thread_pool pool(1);
-    const gpt2_config c{16, 300, 320, 3, 4, 32};
+    const gpt2_config c{16, 300, 320, 3, 4, 128};  // (fc and fcproj: 4 pieces of a pool's)
     gpt2 model(c, pool);
     model.init_gpt2(42);
     const auto& layout = model.layout();
@@ -638,7 +742,13 @@ TEST_CASE("per-layer GPT-2 init gives the bits of the whole-model init") {
         std::vector<float> part(e - b);
         init_gpt2_layer(c, 42, l, part);
         INFO("layer " << l);
-        CHECK(std::equal(part.begin(), part.end(), model.params().begin() + static_cast<std::ptrdiff_t>(b)));
+        CHECK(std::equal(part.begin(), part.end(),
+                         model.params().begin() + static_cast<std::ptrdiff_t>(b)));
+        // On a pool's threads (pieces of at least 16384 draws): the same bits.
+        spillway::thread_pool threads(3);
+        std::vector<float> pooled(e - b);
+        init_gpt2_layer(c, 42, l, pooled, &threads);
+        CHECK(pooled == part);
     }
 }
 
@@ -661,20 +771,22 @@ TEST_CASE("--init names the standard GPT-2 sizes") {
     CHECK_THROWS_AS(parse_options({"--init", "gpt2", "--layers", "3"}), input_error);
 }
 
-TEST_CASE("--offload params refusals: fp16/bf16 gradients, a budget without it, saves, no space") {
+TEST_CASE("--offload params refusals: fp16/bf16 gradients, a budget without it, no space") {
     for (const char* d : {"fp16", "bf16"}) {
-        const auto m = message_of([&] { parse_options({"--offload", "params", "--grad-dtype", d}); });
+        const auto m = message_of([&] {
+            parse_options({"--offload", "params", "--grad-dtype", d});
+        });
         INFO(m);
         CHECK(m.find("fp32 gradients only") != std::string::npos);
         CHECK(m.find("overflow must be found before the first update") != std::string::npos);
     }
-    CHECK(message_of([] { parse_options({"--memory-budget", "1G"}); }).find("needs --offload params") !=
-          std::string::npos);
-    CHECK(message_of([] { parse_options({"--offload", "params", "--save", "x"}); })
-              .find("not yet with --offload params") != std::string::npos);
+    CHECK(message_of([] {
+              parse_options({"--memory-budget", "1G"});
+          }).find("needs --offload params") != std::string::npos);
     CHECK(parse_options({"--offload", "params", "--memory-budget", "3.5G"}).memory_budget ==
           static_cast<std::size_t>(3.5 * 1024 * 1024 * 1024));
-    CHECK(parse_options({"--offload", "params", "--memory-budget", "800M"}).memory_budget == 800u << 20);
+    CHECK(parse_options({"--offload", "params", "--memory-budget", "800M"}).memory_budget ==
+          800u << 20);
     CHECK_THROWS_AS(parse_options({"--offload", "params", "--memory-budget", "8X"}), input_error);
     // A model whose state no disk here holds: 200 layers of C=4096 (~580 GB of params and m,v).
     spillway::test::temp_dir dir("mini_gpt");
@@ -694,7 +806,9 @@ TEST_CASE("--offload params refusals: fp16/bf16 gradients, a budget without it, 
     CHECK(m.find("free") != std::string::npos);
 }
 
-TEST_CASE("the mini_gpt binary: a too-small budget exits 2 naming the smallest; VmHWM stays under the budget") {
+TEST_CASE(
+    "the mini_gpt binary: a too-small budget exits 2 naming the smallest; VmHWM stays under the "
+    "budget") {
     spillway::test::temp_dir dir("mini_gpt");
     const std::string base = std::string(MINI_GPT_EXE) +
                              " --layers 3 --channels 64 --heads 4 --max-seq 32 --seq 32 --batch 4 "
@@ -709,7 +823,8 @@ TEST_CASE("the mini_gpt binary: a too-small budget exits 2 naming the smallest; 
     REQUIRE_MESSAGE(at != std::string::npos, refused);
     // The process's baseline varies by a few pages from run to run: 2 MiB of room.
     const std::size_t smallest = std::stoull(refused.substr(at + key.size())) + (2 << 20);
-    const std::string out = run_command(base + " --json --memory-budget " + std::to_string(smallest), status);
+    const std::string out =
+        run_command(base + " --json --memory-budget " + std::to_string(smallest), status);
     REQUIRE_MESSAGE(status == 0, out);
     const auto last = out.rfind("\"peak_rss_bytes\":");
     REQUIRE(last != std::string::npos);
