@@ -9,6 +9,15 @@
 // under the same machine load, so `vs_limit` = limit time / step time = achieved bytes/s
 // over the stream's bytes/s. Counted traffic per parameter: 12 (p, m, v read) + grad bytes
 // + 12 (p, m, v written) (+ 2 for a compute copy). Use --benchmark_repetitions and medians.
+//
+// The limit kernel is the fastest of several, chosen in the same run per (gradient type,
+// copy, threads) cell (limit_for; each iteration times the two fastest and takes the faster): every SIMD width up to the widest the machine has (AVX2,
+// AVX-512), each with and without the step's software prefetch and with and without
+// non-temporal stores. One plain stream is not a limit everywhere: on an AMD EPYC the step,
+// which prefetches, beat a stream without prefetch by 1.4-1.5x. Every step and stream row's
+// label names the winner, `limit_kernel=<width>[_prefetch][_nt|_ntcopy]` (e.g.
+// avx512_prefetch_ntcopy: streaming stores for the compute copy alone);
+// the stream rows also carry each candidate's best pass as counters GBps_<kernel>.
 #include <spillway/optim/adam.hpp>
 
 #include "support/bench_env.hpp"
@@ -17,13 +26,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <new>
 #include <random>
+#include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -100,6 +113,9 @@ arrays& data() {
 }
 
 // ---- The limit: the step's access pattern without the arithmetic --------------------------
+bool aligned_to(const void* at, std::uintptr_t alignment) noexcept {
+    return reinterpret_cast<std::uintptr_t>(at) % alignment == 0;
+}
 // A zero the compiler cannot prove zero: the stream's stores are not no-ops to it.
 volatile std::uint32_t hidden_zero = 0;
 
@@ -126,25 +142,93 @@ void stream_scalar(float* p, float* m, float* v, const Grad* g, Copy* out, std::
 #  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #  pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
+// The stream kernels' switches: Prefetch fetches each stream 512 elements ahead, exactly as
+// the step does (detail::prefetch_streams); NonTemporal writes p, m, v and the copy with
+// streaming stores, which skip the cache on the way out; NonTemporalCopy streams the copy
+// alone, the one output nothing reads first (a cached store reads its line before writing it). Both are the step's options in kind:
+// a stream with them is still the step's access pattern, and may be the faster one on a
+// machine (AMD EPYC: the step with prefetch beat a plain stream by 1.4x).
+template <bool NonTemporal, class T, class V>
+SPILLWAY_TARGET_AVX512 inline void store512(T* at, V x) noexcept {
+    if constexpr (NonTemporal) _mm512_stream_si512(reinterpret_cast<__m512i*>(at), x);
+    else _mm512_storeu_si512(at, x);
+}
 template <class Grad>
 SPILLWAY_TARGET_AVX512 inline __m512i grad_bits16(const Grad* g) noexcept {
     if constexpr (std::is_same_v<Grad, float>) return _mm512_loadu_si512(g);
     else return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
 }
-template <class Grad, class Copy>
+// p, m, v (n), g (n), out (n or null): 16 elements per iteration.
+template <class Grad, class Copy, bool Prefetch, bool NonTemporal, bool NonTemporalCopy = NonTemporal>
 SPILLWAY_TARGET_AVX512 void stream_avx512(float* p, float* m, float* v, const Grad* g, Copy* out, std::size_t n,
                                           std::uint32_t zero) noexcept {
+    if constexpr (NonTemporal || NonTemporalCopy) {  // streaming stores need aligned addresses (tiles are)
+        if (!aligned_to(p, 64) || !aligned_to(m, 64) || !aligned_to(v, 64) ||
+            (out && !aligned_to(out, 32)))
+            return stream_avx512<Grad, Copy, Prefetch, false, false>(p, m, v, g, out, n, zero);
+    }
     const __m512i z = _mm512_set1_epi32(static_cast<int>(zero));
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        if constexpr (Prefetch) spillway::detail::prefetch_streams(p, m, v, g, i, n);
         __m512i pv = _mm512_loadu_si512(p + i), mv = _mm512_loadu_si512(m + i), vv = _mm512_loadu_si512(v + i);
         pv = _mm512_xor_si512(pv, _mm512_and_si512(grad_bits16(g + i), z));
-        _mm512_storeu_si512(p + i, pv);
-        _mm512_storeu_si512(m + i, _mm512_xor_si512(mv, z));
-        _mm512_storeu_si512(v + i, _mm512_xor_si512(vv, z));
-        if constexpr (!std::is_same_v<Copy, no_copy>)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(pv));
+        store512<NonTemporal>(p + i, pv);
+        store512<NonTemporal>(m + i, _mm512_xor_si512(mv, z));
+        store512<NonTemporal>(v + i, _mm512_xor_si512(vv, z));
+        if constexpr (!std::is_same_v<Copy, no_copy>) {
+            const __m256i half = _mm512_cvtepi32_epi16(pv);
+            if constexpr (NonTemporalCopy) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), half);
+            else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), half);
+        }
     }
+    if constexpr (NonTemporal || NonTemporalCopy) _mm_sfence();
+    stream_scalar(p + i, m + i, v + i, g + i, out ? out + i : out, n - i, zero);
+}
+
+template <bool NonTemporal, class T>
+SPILLWAY_TARGET_AVX2 inline void store256(T* at, __m256i x) noexcept {
+    if constexpr (NonTemporal) _mm256_stream_si256(reinterpret_cast<__m256i*>(at), x);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), x);
+}
+template <class Grad>
+SPILLWAY_TARGET_AVX2 inline __m256i grad_bits8(const Grad* g) noexcept {
+    if constexpr (std::is_same_v<Grad, float>) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+    else return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+}
+// p, m, v (n), g (n), out (n or null): 8 elements per iteration, prefetching once per 16 as
+// the step's AVX2 kernel does.
+template <class Grad, class Copy, bool Prefetch, bool NonTemporal, bool NonTemporalCopy = NonTemporal>
+SPILLWAY_TARGET_AVX2 void stream_avx2(float* p, float* m, float* v, const Grad* g, Copy* out, std::size_t n,
+                                      std::uint32_t zero) noexcept {
+    if constexpr (NonTemporal || NonTemporalCopy) {
+        if (!aligned_to(p, 32) || !aligned_to(m, 32) || !aligned_to(v, 32) ||
+            (out && !aligned_to(out, 16)))
+            return stream_avx2<Grad, Copy, Prefetch, false, false>(p, m, v, g, out, n, zero);
+    }
+    const __m256i z = _mm256_set1_epi32(static_cast<int>(zero));
+    const __m256i low16 = _mm256_set1_epi32(0xffff);
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        if constexpr (Prefetch)
+            if (i % 16 == 0) spillway::detail::prefetch_streams(p, m, v, g, i, n);
+        __m256i pv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+        const __m256i mv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + i));
+        const __m256i vv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i));
+        pv = _mm256_xor_si256(pv, _mm256_and_si256(grad_bits8(g + i), z));
+        store256<NonTemporal>(p + i, pv);
+        store256<NonTemporal>(m + i, _mm256_xor_si256(mv, z));
+        store256<NonTemporal>(v + i, _mm256_xor_si256(vv, z));
+        if constexpr (!std::is_same_v<Copy, no_copy>) {
+            // The low 16 bits of each lane, as the scalar stream's copy: pack, then gather the
+            // two 128-bit lanes' halves.
+            __m256i h = _mm256_packus_epi32(_mm256_and_si256(pv, low16), _mm256_and_si256(pv, low16));
+            const __m128i half = _mm256_castsi256_si128(_mm256_permute4x64_epi64(h, 0x08));
+            if constexpr (NonTemporalCopy) _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), half);
+            else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), half);
+        }
+    }
+    if constexpr (NonTemporal || NonTemporalCopy) _mm_sfence();
     stream_scalar(p + i, m + i, v + i, g + i, out ? out + i : out, n - i, zero);
 }
 #if defined(__GNUC__) && !defined(__clang__)
@@ -153,7 +237,53 @@ SPILLWAY_TARGET_AVX512 void stream_avx512(float* p, float* m, float* v, const Gr
 #endif
 
 template <class Grad, class Copy>
-void run_stream(simd_level level, thread_pool& pool) {
+using stream_fn = void (*)(float*, float*, float*, const Grad*, Copy*, std::size_t, std::uint32_t) noexcept;
+
+/// One candidate limit kernel: its name (the `limit_kernel` the rows report) and code.
+template <class Grad, class Copy>
+struct stream_kernel {
+    std::string name;  // e.g. "avx512_prefetch_nt": width, then the switches it uses
+    stream_fn<Grad, Copy> run;
+};
+
+/// Every stream kernel this machine runs, up to best_simd_level() (SPILLWAY_SIMD caps it as
+/// it caps the step): each SIMD width with and without prefetch and streaming stores (of every
+/// output, and, with a compute copy, of the copy alone); the scalar loop only where no SIMD
+/// level is supported.
+template <class Grad, class Copy>
+std::vector<stream_kernel<Grad, Copy>> stream_kernels() {
+    std::vector<stream_kernel<Grad, Copy>> ks;
+#if SPILLWAY_X86_SIMD
+    const auto best = spillway::detail::best_simd_level();
+    constexpr bool copies = !std::is_same_v<Copy, no_copy>;
+    if (best >= simd_level::avx2) {
+        ks.push_back({"avx2", &stream_avx2<Grad, Copy, false, false>});
+        ks.push_back({"avx2_prefetch", &stream_avx2<Grad, Copy, true, false>});
+        ks.push_back({"avx2_nt", &stream_avx2<Grad, Copy, false, true>});
+        ks.push_back({"avx2_prefetch_nt", &stream_avx2<Grad, Copy, true, true>});
+        if (copies) {
+            ks.push_back({"avx2_ntcopy", &stream_avx2<Grad, Copy, false, false, true>});
+            ks.push_back({"avx2_prefetch_ntcopy", &stream_avx2<Grad, Copy, true, false, true>});
+        }
+    }
+    if (best >= simd_level::avx512) {
+        ks.push_back({"avx512", &stream_avx512<Grad, Copy, false, false>});
+        ks.push_back({"avx512_prefetch", &stream_avx512<Grad, Copy, true, false>});
+        ks.push_back({"avx512_nt", &stream_avx512<Grad, Copy, false, true>});
+        ks.push_back({"avx512_prefetch_nt", &stream_avx512<Grad, Copy, true, true>});
+        if (copies) {
+            ks.push_back({"avx512_ntcopy", &stream_avx512<Grad, Copy, false, false, true>});
+            ks.push_back({"avx512_prefetch_ntcopy", &stream_avx512<Grad, Copy, true, false, true>});
+        }
+    }
+#endif
+    if (ks.empty()) ks.push_back({"scalar", &stream_scalar<Grad, Copy>});
+    return ks;
+}
+
+/// One pass of `kernel` over the arrays, with the step's threads and tiles.
+template <class Grad, class Copy>
+void run_stream(stream_fn<Grad, Copy> kernel, thread_pool& pool) {
     arrays& a = data();
     const std::size_t tile = spillway::detail::adam_tile, tiles = (a.n + tile - 1) / tile;
     const std::uint32_t zero = hidden_zero;
@@ -163,15 +293,50 @@ void run_stream(simd_level level, thread_pool& pool) {
             std::size_t lo = b * tile, hi = std::min(a.n, e * tile);
             Copy* out = nullptr;
             if constexpr (!std::is_same_v<Copy, no_copy>) out = a.copy<Copy>() + lo;
-#if SPILLWAY_X86_SIMD
-            if (level == simd_level::avx512)
-                return stream_avx512(a.p.get() + lo, a.m.get() + lo, a.v.get() + lo, a.grads<Grad>() + lo, out, hi - lo,
-                                     zero);
-#endif
-            (void)level;
-            stream_scalar(a.p.get() + lo, a.m.get() + lo, a.v.get() + lo, a.grads<Grad>() + lo, out, hi - lo, zero);
+            kernel(a.p.get() + lo, a.m.get() + lo, a.v.get() + lo, a.grads<Grad>() + lo, out, hi - lo, zero);
         },
         4);
+}
+
+/// The limit of a (Grad, Copy, threads) cell: the two fastest stream kernels, chosen once per
+/// run (the same one twice where there is one candidate).
+template <class Grad, class Copy>
+struct stream_limit {
+    stream_kernel<Grad, Copy> kernel;     // the fastest
+    stream_kernel<Grad, Copy> runner_up;  // the second fastest
+    std::vector<std::pair<std::string, double>> GBps;  // every candidate's best pass
+};
+
+/// Chooses the cell's limit kernel: after one warm-up pass each, every candidate runs
+/// `rounds` passes, the candidates taking turns (so drift in a busy machine's load falls on
+/// all alike); the two with the fastest single pass go on. Each row's iteration times both
+/// beside the step and takes the faster (a busy machine's load moves between the choice and
+/// the rows: one kernel alone, chosen in a noisy moment, let rows read 1.04-1.05). Cached per
+/// cell: every row and repetition of the cell uses the same two.
+template <class Grad, class Copy>
+const stream_limit<Grad, Copy>& limit_for(std::size_t threads) {
+    static std::map<std::size_t, stream_limit<Grad, Copy>> chosen;
+    if (auto it = chosen.find(threads); it != chosen.end()) return it->second;
+    thread_pool& pool = pool_for(threads);
+    const auto ks = stream_kernels<Grad, Copy>();
+    const int rounds = spillway::bench::smoke() ? 1 : 3;
+    std::vector<double> best(ks.size(), std::numeric_limits<double>::infinity());
+    for (const auto& k : ks) run_stream<Grad, Copy>(k.run, pool);
+    for (int r = 0; r < rounds; ++r)
+        for (std::size_t k = 0; k < ks.size(); ++k) {
+            const auto t0 = clock_type::now();
+            run_stream<Grad, Copy>(ks[k].run, pool);
+            best[k] = std::min(best[k], std::chrono::duration<double>(clock_type::now() - t0).count());
+        }
+    stream_limit<Grad, Copy> lim;
+    std::vector<std::size_t> order(ks.size());
+    for (std::size_t k = 0; k < ks.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return best[a] < best[b]; });
+    lim.kernel = ks[order[0]];
+    lim.runner_up = ks[order.size() > 1 ? order[1] : order[0]];
+    const double bytes = static_cast<double>(data().n) * (24.0 + sizeof(Grad) + (std::is_same_v<Copy, no_copy> ? 0.0 : 2.0));
+    for (std::size_t k = 0; k < ks.size(); ++k) lim.GBps.emplace_back(ks[k].name, bytes / best[k] / 1e9);
+    return chosen.emplace(threads, std::move(lim)).first->second;
 }
 
 template <class Grad, class Copy>
@@ -212,32 +377,45 @@ void BM_adam(benchmark::State& state) {
         return;
     }
     thread_pool& pool = pool_for(threads);
-    const simd_level stream_level = spillway::detail::best_simd_level();
+    const auto& limit = limit_for<Grad, Copy>(threads);
     if (level != simd_level::scalar) run_step<Grad, Copy>(level, check, 1, pool);  // warm-up
-    run_stream<Grad, Copy>(stream_level, pool);
+    run_stream<Grad, Copy>(limit.kernel.run, pool);
+    run_stream<Grad, Copy>(limit.runner_up.run, pool);
     double work_s = 0, limit_s = 0;
-    std::int64_t t = 2;
+    std::int64_t t = 2, runner_up_won = 0, iterations = 0;
     for (auto _ : state) {
         auto t0 = clock_type::now();
-        run_stream<Grad, Copy>(stream_level, pool);
+        run_stream<Grad, Copy>(limit.runner_up.run, pool);
         auto t1 = clock_type::now();
-        run_step<Grad, Copy>(level, check, t++, pool);
+        run_stream<Grad, Copy>(limit.kernel.run, pool);
         auto t2 = clock_type::now();
-        const double step_s = std::chrono::duration<double>(t2 - t1).count();
-        limit_s += std::chrono::duration<double>(t1 - t0).count();
+        run_step<Grad, Copy>(level, check, t++, pool);
+        auto t3 = clock_type::now();
+        const double step_s = std::chrono::duration<double>(t3 - t2).count();
+        const double second_s = std::chrono::duration<double>(t1 - t0).count();
+        const double first_s = std::chrono::duration<double>(t2 - t1).count();
+        limit_s += std::min(first_s, second_s);
+        runner_up_won += second_s < first_s;
+        ++iterations;
         work_s += step_s;
         state.SetIterationTime(step_s);
     }
     set_counters(state, bytes_per_param<Grad, Copy>(), work_s, limit_s);
+    // The kernel that was the faster in most iterations.
+    state.SetLabel("limit_kernel=" + (2 * runner_up_won > iterations ? limit.runner_up.name : limit.kernel.name));
 }
 
-// The limit alone, for the table.
+// The limit alone, for the table: the cell's winning kernel, and every candidate's best pass
+// from the choice (counters GBps_<kernel>).
 template <class Grad, class Copy>
 void BM_stream(benchmark::State& state) {
     thread_pool& pool = pool_for(static_cast<std::size_t>(state.range(0)));
-    run_stream<Grad, Copy>(spillway::detail::best_simd_level(), pool);
-    for (auto _ : state) run_stream<Grad, Copy>(spillway::detail::best_simd_level(), pool);
+    const auto& limit = limit_for<Grad, Copy>(static_cast<std::size_t>(state.range(0)));
+    run_stream<Grad, Copy>(limit.kernel.run, pool);
+    for (auto _ : state) run_stream<Grad, Copy>(limit.kernel.run, pool);
     set_counters(state, bytes_per_param<Grad, Copy>(), 0, 0);
+    for (const auto& [name, gbps] : limit.GBps) state.counters["GBps_" + name] = gbps;
+    state.SetLabel("limit_kernel=" + limit.kernel.name);
 }
 
 std::int64_t best_level() { return static_cast<std::int64_t>(spillway::detail::best_simd_level()); }
