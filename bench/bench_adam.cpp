@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_adam: the mixed-precision AdamW step against the memory-bandwidth limit measured in
 // the same binary, plus fp16/bf16 widening and narrowing against memcpy.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_cuda: the CUDA path against limits measured in the same run (needs a GPU; without
 // one every benchmark reports itself skipped).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/bench_mini_gpt.cpp: training step time of examples/mini_gpt for every --offload mode,
 // on the default config and on GPT-2 124M (B=4, T=64), with 1 and 2 ranks, against limits
 // measured in this run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_stash: the activation stash on a synthetic forward/backward schedule, against keeping
 // every activation in memory, in the same run.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_tiers: read and write throughput of the file tier (io_uring and POSIX engines) and
 // the host tier, over block sizes and queue depths, each row against its limit measured in
 // the same run.

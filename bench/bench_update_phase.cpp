@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_update_phase: the update phase of an offloaded optimizer, MLP-Offload's ablation
 // reproduced in one run, each row against the storage floor measured in the same run.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench_virtual_tier: the virtual tier against the sum of its paths, and node-level
 // contention control.
 //

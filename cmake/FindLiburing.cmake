@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # FindLiburing: locates liburing (Debian: liburing-dev) and defines Liburing::liburing.
 # Result variables: Liburing_FOUND, Liburing_INCLUDE_DIR, Liburing_LIBRARY, Liburing_VERSION.
 find_package(PkgConfig QUIET)

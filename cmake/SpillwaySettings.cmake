@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Developer settings for Spillway's own tests, benchmarks and examples: warnings and
 # sanitizers live in the private target spillway_dev_settings, never in the exported one.
 add_library(spillway_dev_settings INTERFACE)

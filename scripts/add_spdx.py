@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """scripts/add_spdx.py: puts the licence's SPDX line in every source file that lacks it.
 
 Usage: scripts/add_spdx.py [--check] [REPO_ROOT]   (default: the repository of this script)

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """scripts/bench_report.py: docs/benchmarks.md and its plots, from the benchmark JSON.
 
 Usage (normally through `scripts/dev bench report`):

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """scripts/bench_scale.py: issue 33's scale benchmark: GPT-2 124M, 350M and 774M under a memory cap.
 
 Usage (normally through `scripts/dev bench scale [ARGS]`, which builds release mini_gpt first):

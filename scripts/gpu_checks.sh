@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/gpu_checks.sh: every check that needs a GPU, as one prepared run.
 #   1. configure and build the cuda preset (build/cuda, or $SPILLWAY_GPU_BUILD_DIR);
 #   2. run the GPU tests (ctest -L gpu: device tier conformance, staged round trips, device

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/bench_env.hpp: settings shared by the benchmark binaries.
 //
 // SPILLWAY_BENCH_SMOKE=1 asks for a quick pass (small sizes) so the test run can prove that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/fio.hpp: runs fio (Debian package `fio`) as the file-system limit that the
 // benchmarks compare themselves against in the same run.
 //

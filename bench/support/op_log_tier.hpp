@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/op_log_tier.hpp: a storage-tier decorator for benchmarks that logs every
 // read and write (direction, start, end, bytes) so that a slow call can be taken apart
 // operation by operation.

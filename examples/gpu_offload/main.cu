@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/gpu_offload: one GPU training step the ZeRO-Offload way, with every Spillway CUDA
 // piece in the path, and the same step on the CPU only to prove the GPU path changes nothing.
 //

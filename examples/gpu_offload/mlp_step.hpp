@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/gpu_offload/mlp_step.hpp: the forward and backward pass of a 2-layer MLP
 // (x -> relu(x W1 + b1) -> W2 + b2, mean squared error) as Thrust kernels written once: the
 // GPU run executes them with thrust::cuda::par.on(stream) on device memory, the CPU-only run

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/blas_kernels.cpp: see blas_kernels.hpp.
 #include "blas_kernels.hpp"
 

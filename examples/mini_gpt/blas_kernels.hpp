@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/blas_kernels.hpp: which matrix kernels OpenBLAS runs, in one line.
 //
 // OpenBLAS (built with DYNAMIC_ARCH, as Debian ships it) picks its kernels once, when the

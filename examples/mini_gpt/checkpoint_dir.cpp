@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/checkpoint_dir.cpp: the resumable save directory (checkpoint_dir.hpp).
 #include "checkpoint_dir.hpp"
 

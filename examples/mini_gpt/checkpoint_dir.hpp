@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/checkpoint_dir.hpp: the resumable save directory (--save, --resume).
 //
 // A save directory holds one folder per save (step-NNNNNNNN/: model.bin in llm.c's format,

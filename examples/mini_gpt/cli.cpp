@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/cli.cpp: the mini_gpt command line (parse_options, usage_text).
 #include <cmath>
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/corpus.cpp: the sentence grammar behind builtin_corpus().
 #include "corpus.hpp"
 

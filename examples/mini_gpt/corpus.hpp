@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/corpus.hpp: the built-in training text, generated deterministically.
 //
 // A small grammar (written for this project, no third-party text) strings sentences about

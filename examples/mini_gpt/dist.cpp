@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/dist.cpp: MPI collectives (MINI_GPT_HAVE_MPI) or a world of one.
 #include "dist.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/dist.hpp: the few collectives data-parallel training needs, over MPI when
 // the build has it and the process was started by mpirun, and trivial otherwise.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/gpt2.cpp: the GPT-2 kernels and the forward/backward passes.
 // Structure learned from llm.c's train_gpt2.c (one function pair per layer type); the matrix
 // products go to OpenBLAS's cblas_sgemm, called on slices of the output from our own thread

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/gpt2.hpp: GPT-2 (as in llm.c and nanoGPT) on the CPU, in fp32.
 //
 // The model: token + learned position embeddings, L pre-LayerNorm blocks (causal multi-head

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/llmc_format.cpp: reading and writing llm.c checkpoints and token files.
 #include "llmc_format.hpp"
 

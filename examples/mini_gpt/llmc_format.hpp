@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/llmc_format.hpp: llm.c's checkpoint and token file formats.
 //
 // Checkpoint: 256 int32 header (magic 20240326, version 3 = fp32, max_seq_len, vocab_size,

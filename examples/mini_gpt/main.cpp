@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/main.cpp: the mini_gpt command line. Exit status: 0 on success, 2 on bad
 // input (a one-line message naming the file or flag and the problem), 1 on other failures.
 #include <exception>

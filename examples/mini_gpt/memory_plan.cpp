@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/memory_plan.cpp: the memory budget's plan (memory_plan.hpp).
 #include "memory_plan.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/memory_plan.hpp: how `--offload params --memory-budget SIZE` splits the
 // budget, and the numbers it is planned from.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/offload.cpp: the two offloading back ends, assembled from Spillway's
 // primitives the way a trainer would use them.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/optimizer.cpp: the in-memory AdamW back end and the shared helpers.
 #include "optimizer.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/optimizer.hpp: the AdamW back ends behind --offload, and the offloading
 // activation store.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/report.cpp: what a run prints (report.hpp).
 #include "report.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/report.hpp: what a run prints: the header line, one progress line (or,
 // with --json, one JSON object) per step, and the summary table; and the per-step
 // measurements a benchmark asks for (run_report).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/step.cpp: one training step, and where its AdamW update runs (step.hpp).
 #include "step.hpp"
 

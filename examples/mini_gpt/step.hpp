@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/step.hpp: one training step, and where its AdamW update runs.
 //
 // A step, in order:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/streamed_params.cpp: the parameter store of --offload params
 // (streamed_params.hpp).
 #include "streamed_params.hpp"

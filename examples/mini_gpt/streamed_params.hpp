@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/streamed_params.hpp: the parameter store of `--offload params`: every
 // transformer layer's fp32 params and its AdamW moments leave memory, each layer is updated
 // in backward as soon as its gradients are final.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/trainer.cpp: train(): the set-up, a short loop over train_step(), the
 // saves and the reports. The step itself is step.cpp, saving and resuming checkpoint_dir.cpp,
 // printing report.cpp, the command line cli.cpp.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/trainer.hpp: the mini-GPT training loop and its command line.
 //
 // What a run does, step by step:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/quickstart/activation_offload.cpp: step 3 of docs/integration.md. A toy MLP hands
 // the activations its backward pass needs to an activation stash over a file tier, which
 // writes them out while forward goes on and reads them back, in reverse, for backward. The

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks that the code in a guide is the code of the quickstart programs.
 
 Usage: check_snippets.py GUIDE.md REPO_ROOT

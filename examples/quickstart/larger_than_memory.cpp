@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/quickstart/larger_than_memory.cpp: step 6 of docs/integration.md. A deep MLP
 // trains with its parameters in a param_stream over a file tier, under a memory budget of two
 // of its eight layers, and its AdamW state (m | v) in a second stream; backward updates each

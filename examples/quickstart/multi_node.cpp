@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/quickstart/multi_node.cpp: step 4 of docs/integration.md. Several processes (MPI
 // ranks, on one node or many) train one model data-parallel; each rank owns a shard of whole
 // optimizer subgroups and keeps its state on a virtual tier over two paths: a node-local

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/quickstart/optimizer_offload.cpp: step 2 of docs/integration.md. The AdamW state
 // (fp32 params, m, v: 12 bytes per parameter) moves to a file tier and an update pipeline
 // updates it subgroup by subgroup, widening the trainer's bf16 gradients inside the step.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/quickstart/quickstart.hpp: what the quickstart programs share and the guide leaves
 // out: a scratch directory, a deterministic toy model, and checks that end the program with
 // a non-zero status and one line saying what did not hold.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // examples/quickstart/tier_round_trip.cpp: step 1 of docs/integration.md. A file tier in a
 // directory stores a blob and gives it back; a read with the wrong size is refused with an
 // error naming both sizes. Exits non-zero if any of that does not hold.

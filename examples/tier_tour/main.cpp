@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tier_tour: the quickest look at Spillway's storage tiers at work.
 //
 // Writes a set of blobs to each tier, reads them back, checks every byte, and prints a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/config.hpp: version and feature macros.
 //
 // Guarantees: SPILLWAY_HAS_LIBURING is 1 when the build found liburing (the CMake target

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/error.hpp: the error types and helpers every layer uses.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/spillway.hpp: the umbrella header; includes every public host header.
 /// CUDA pieces (spillway/cuda/) are included separately by code compiled with nvcc.

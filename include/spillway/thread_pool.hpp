@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/thread_pool.hpp: a small fixed-size thread pool.
 //
 // Guarantees:

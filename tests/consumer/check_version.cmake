@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tests/consumer/check_version.cmake: the test version.sources_agree. Run with cmake -P,
 # -DVERSION=<project(VERSION) of CMakeLists.txt> and -DROOT=<source tree>.
 # project(VERSION) is the one source of truth; this fails, naming the file to fix, when

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A consumer's program, built by the consumer.* tests against an installed Spillway, its
 // source tree, FetchContent and pkg-config: stores a blob in a file tier (so the io_uring
 // engine, when compiled in, is linked and used) and reads it back.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tests/consumer/run_consumer.cmake: one consumer.* test. Run with cmake -P and:
 #   SOURCE        tests/consumer (copied to WORK/src first, so the test never writes there)
 #   WORK          a scratch folder of this test (emptied first)

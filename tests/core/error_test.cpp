@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/core/error_test.cpp: the error helpers every layer uses.
 #include <doctest/doctest.h>
 

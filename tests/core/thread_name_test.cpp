@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The library names its threads, so that top -H, perf and gdb tell them apart: every
 // component that starts threads is checked through /proc/self/task/*/comm.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // thread_pool: parallel_for covers [0, count) exactly once in chunks whose boundaries depend
 // only on (count, size(), grain); chunks go to whichever thread is free, so a busy or
 // delayed worker neither holds the call up nor deadlocks a call made from inside the pool.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU tests of the CUDA path (ctest label `gpu`; built with SPILLWAY_WITH_CUDA=ON):
 // registered I/O buffers, staged tier <-> device round trips of random sizes over a host and a
 // file tier, the pageable copies through the staging ring, the Thrust optimizer kernels on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU tests (ctest label `gpu`; built with SPILLWAY_WITH_CUDA=ON): the device tier passes
 // the shared storage_tier conformance suite, pinned buffers, and the Thrust widening kernel
 // on the GPU fed straight from a device-tier blob.

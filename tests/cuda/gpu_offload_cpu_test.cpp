@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The gpu_offload example's MLP kernels (examples/gpu_offload/mlp_step.hpp) on Thrust's CPU
 // backend: the loss and every gradient against an independent double-precision forward and
 // backward on random data, so the kernels the GPU runs are checked on machines without one.

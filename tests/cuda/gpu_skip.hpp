@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/cuda/gpu_skip.hpp: included once by each GPU test. Without a usable device the whole
 // binary reports itself skipped (exit 77, which CTest maps to "Skipped"), naming the
 // reason, instead of failing every case.

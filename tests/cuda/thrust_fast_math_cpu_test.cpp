@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Thrust kernels' host-side checks (spillway/cuda/thrust_optim.hpp) in a caller's
 // translation unit compiled with -ffast-math (tests/CMakeLists.txt compiles this file so),
 // on Thrust's CPU backend: std::isfinite may be folded to true there, and a header-only

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The optimizer's Thrust kernels (spillway/cuda/thrust_optim.hpp) on the CPU: built with
 // Thrust's OpenMP backend (the sequential CPP backend under ThreadSanitizer), so the
 // kernels' logic is checked against the CPU step on machines without a GPU.

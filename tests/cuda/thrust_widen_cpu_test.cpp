@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Thrust widening kernel (spillway/cuda/thrust_widen.hpp) on the CPU: the build compiles
 // this file with THRUST_DEVICE_SYSTEM set to the OpenMP backend (the sequential CPP backend
 // under ThreadSanitizer, which cannot see into libgomp), so the kernel's logic is checked on

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """tests/docs/check_docs.py: the API reference builds, and no public declaration lacks a doc comment.
 
 Doxygen 1.9.4 reports most undocumented declarations itself (docs/Doxyfile turns every

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """tests/docs/check_links.py: every link of the documentation resolves inside the repository.
 
 Usage: check_links.py REPO_ROOT [FILE.md ...]   (default: README.md, CHANGELOG.md, docs/*.md)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // aligned_buffer: alignment, zeroing, padding, moves, bad alignment, the huge-page advice
 // for large buffers (page_size::automatic) against page_size::base, and large buffers kept
 // out of fork() children. buffer_arena: small buffers sharing huge-page slabs, pieces merged

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // durable_file: CRC-32C (known value, hardware and table paths agree, incremental), new files
 // created 0600 and never over an existing one or through a link, exact reads reporting a
 // size mismatch without reading, and the directory swap leaving the new contents in place

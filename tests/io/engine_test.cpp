@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the I/O engines: uring_engine, posix_engine and io_engine (automatic backend).
 // Every engine runs the same cases: round trips of many sizes, splitting into pieces, the
 // queue depth bound, concurrent submitters, retried short transfers and EAGAIN, error

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of uring_engine when its ring breaks under it (guarantee 6 of uring_engine.hpp).
 //
 // The ring is broken from the outside: the test finds the descriptors of the rings the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // path_lock_name: a documented hash of the canonical path, the same in every process and
 // build (fixed known values), and one name for every spelling of a directory.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lock_policy concept and its in-process models: null_lock, thread_lock, path_locks,
 // make_lock. node_lock has its own tests (node_lock_test.cpp).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // node_lock: exclusion across forked processes and threads, release on SIGKILL, no deadlock
 // under a try_lock storm, and the lock file's safety rules.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // owned_directory: a dead owner's directory is reclaimed, a living one's never; entries that
 // are not owned directories (no owner file, a symbolic link, a file, another prefix, another
 // user's) are left alone; disown() keeps the directory; bad input is refused by name.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for spillway/optim/adam.hpp: the AdamW step against a float64 reference, SIMD levels
 // and sub-span splits bit for bit, overflow skip, unscaling, clipping, sums of squares and
 // argument validation.

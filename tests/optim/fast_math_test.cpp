@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The overflow checks in a caller's code compiled with -ffast-math (tests/CMakeLists.txt
 // compiles this file so): std::isfinite may be folded to true there, and a header-only
 // library's checks are compiled in the caller's translation unit. The pipeline must still

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for spillway/optim/half.hpp: exhaustive fp16/bf16 widening, narrowing against an
 // independent nearest-value reference, and every SIMD level against the scalar code.
 #include <spillway/optim/half.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The save manifest of the update pipeline, without a tier: the writer's text parses back to
 // the same fields, and the parser refuses every bad, missing or corrupted field with a
 // message that names it and the path.

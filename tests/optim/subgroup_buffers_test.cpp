@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The update pipeline's buffer machine on its own, over an in-memory tier: each transition
 // keeps the step every location holds, a failed write keeps the newest state resident, and
 // errors name the subgroup, its key and the tier.

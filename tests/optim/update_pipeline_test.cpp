@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The update pipeline: bit-identical to the in-memory AdamW step for every order, resident
 // set, gradient type, gradient path and tier (host, file, virtual over two files); I/O
 // exactly as the theory says; faults that lose nothing; save and restore.

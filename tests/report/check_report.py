@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """report.generate: scripts/bench_report.py on trimmed benchmark JSON (tests/report/fixtures).
 
 Usage: check_report.py --script scripts/bench_report.py --fixtures tests/report/fixtures --work DIR

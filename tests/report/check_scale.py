@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """report.scale: scripts/bench_scale.py's logic, without the trainer.
 
 Usage: check_scale.py --script scripts/bench_scale.py [--work DIR] [--report scripts/bench_report.py]

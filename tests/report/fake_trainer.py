@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A stand-in for examples/mini_gpt in check_scale.py: takes mini_gpt's flags, allocates and
 touches the memory its spec tells it to, and prints what `mini_gpt --json` prints (one JSON
 object per step, then a summary).

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Cuts a benchmark's JSON down to a test fixture for report.generate.
 
 Usage: trim_fixture.py IN.json OUT.json

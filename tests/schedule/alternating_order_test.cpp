@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The alternating subgroup order: a random-access view, ascending on even iterations,
 // descending on odd ones, with a configurable first direction.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // shard_range: [floor(count r / n), floor(count (r+1) / n)) for rank r of n, in items or in
 // whole blocks; the shards tile [0, count) in rank order, uneven splits included.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The activation stash: round trips, deduplication, forwarding, prefetch order, the memory
 // budget, tier failures, handle misuse, the adaptive split and concurrent use.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stash's budget pool on its own, no tier: the budget is never exceeded by the pool,
 // eviction order, what happens when nothing can be evicted, and the high-water marks.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stash's key recycler on its own: new keys, reuse of retired keys by size, draining.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // layer_stash: a layer's tensors declared once, then computed into, saved, loaded (typed)
 // and released by name over an activation_stash; exact round trips, one stored copy for a
 // shared save, recycled buffers, and errors that name the tensor.

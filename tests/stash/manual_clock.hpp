@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/stash/manual_clock.hpp: a clock the test moves by hand, and a host tier whose
 // transfers move it as a tier of a set bandwidth would take, so that what the stash times
 // (layers, forward, the bandwidth probe) is exactly what the test says, however loaded the

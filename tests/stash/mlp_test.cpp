@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A two-layer MLP trained for a few SGD steps with its saved activations in an
 // activation_stash over a file tier gives bit-identical gradients and weights to the same
 // network keeping everything in memory.

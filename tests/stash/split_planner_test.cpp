@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stash's split planner on its own, no real tier and no real clock: what it decides from
 // the bandwidths, forward times and layer profiles the test supplies, and what the probe
 // measures on a clock the test moves.

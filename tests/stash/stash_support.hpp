@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/stash/stash_support.hpp: helpers for the activation stash tests.
 #pragma once
 

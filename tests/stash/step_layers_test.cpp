@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A step's layers on their own: forward positions, profiles and the prefetch window.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // param_stream: parameters streamed layer by layer through a hard memory budget. The budget
 // proven by instrumentation (a tier that samples the stream's resident bytes at every call
 // and completion) over random budgets and layer sizes; exact read and write counts per step

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/abandoned_directory.hpp: an owned_directory whose owner died, made by a
 // forked child, as a process killed part-way through a save or a run leaves one.
 #pragma once

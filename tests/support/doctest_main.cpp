@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one doctest main every test executable links.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

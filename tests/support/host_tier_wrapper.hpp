@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/host_tier_wrapper.hpp: the bookkeeping half of a storage tier for tests that
 // change only how a host tier's reads or writes complete (slowly, failing, read-only): derive
 // from host_tier_wrapper and define read() and write() (and erase() or name() if they change).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/random_bytes.hpp: reproducible random test data.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/temp_dir.hpp: a scratch directory removed at scope exit.
 //
 // Created under $SPILLWAY_TEST_TMPDIR (set by CTest to a folder in the build tree, which is

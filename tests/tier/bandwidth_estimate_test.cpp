@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bandwidth_estimate: the bias-corrected moving average over busy time, checked against the
 // closed form on samples the test chooses; no clock, no tier.
 #include <doctest/doctest.h>

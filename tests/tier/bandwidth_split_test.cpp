@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // split_by_bandwidth: exact sums, shares within one of the ideal, the largest-remainder rule,
 // zero-bandwidth and single paths, thousands of random cases checked in exact integer
 // arithmetic, and clear errors for bad input.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/tier/conformance.hpp: the tier factories and helpers behind the storage_tier
 // conformance suite (conformance_test.cpp).
 //

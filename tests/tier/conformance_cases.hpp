@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/tier/conformance_cases.hpp: the cases of the storage_tier conformance suite, defined
 // once and instantiated by each test executable for its list of tier factories:
 //

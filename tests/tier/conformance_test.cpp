@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The storage_tier conformance suite: every tier model and decorator must pass every case
 // (the contract is written in include/spillway/tier/storage_tier.hpp). The cases live in
 // conformance_cases.hpp, factories and helpers in conformance.hpp; this file instantiates

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // faulty_tier specifics: how faults are counted, armed and cleared, and the counters under
 // concurrent use. The conformance suite runs every fault against every base tier.
 #include <doctest/doctest.h>

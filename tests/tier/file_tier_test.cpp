@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of what is particular to file_tier (the shared storage_tier behaviour is checked by
 // the conformance suite): both engines, O_DIRECT and the tmpfs fallback, unaligned sizes and
 // buffers, the directory checks, a full file system (EFBIG through RLIMIT_FSIZE), files

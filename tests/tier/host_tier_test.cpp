@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // host_tier specifics (the shared behaviour is in the conformance suite).
 #include <doctest/doctest.h>
 

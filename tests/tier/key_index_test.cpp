@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The virtual tier's key index and fail-over record as plain bookkeeping: where a key is
 // counted through writes, fail-over, failures, erasure and stale copies; no tier, no I/O.
 #include <doctest/doctest.h>

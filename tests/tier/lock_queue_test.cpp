@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The virtual tier's lock-aware work queue on its own: a worker serves an operation whose
 // lock is free before one whose lock is busy, sleeps in a lock held outside the pool until
 // it is released, and hands back a lock's exception; no tier, no I/O.

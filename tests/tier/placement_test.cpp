@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The virtual tier's placement as pure functions: weights from given and measured
 // bandwidth, which child a key goes to, and whether a blob fits; no tier, no I/O.
 #include <doctest/doctest.h>

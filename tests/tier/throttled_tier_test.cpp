@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // throttled_tier specifics: the token bucket's timing, scopes, run-time rate changes,
 // shutdown. The shared tier behaviour is in the conformance suite.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tier_stats: since() subtracts every counter of two snapshots, so that what a tier did over
 // an interval (and the bandwidth it delivered then) needs no field-by-field arithmetic at the
 // caller; checked on values set by hand and on a real tier's snapshots.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/tier/virtual_tier_conformance.hpp: the virtual tier's factory for the storage_tier
 // conformance suite: a heterogeneous virtual tier (host memory + a file tier on /dev/shm)
 // under node_lock, with its lock files in the test's own scratch directory and bandwidths

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // virtual_tier against the faults of the fault matrix (docs/design.md, "Fault matrix"): a
 // full child, short transfers, a FIFO, a directory, a hard link or a symbolic link under a
 // key's name in a file-tier child, a truncated or torn blob, a killed writer process, a

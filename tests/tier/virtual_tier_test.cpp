@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // virtual_tier specifics (the shared storage_tier behaviour is in the conformance suite):
 // both ways of naming children, placement by bandwidth (given and probed), adaptation to a
 // child that slows down, interleaving around a busy child, fail-over, per-child reports.

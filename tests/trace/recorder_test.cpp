@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trace recorder: tracks, complete events, thread safety, lanes for overlapping
 // events, a disabled recorder that records nothing, and Chrome trace JSON that parses.
 #include <doctest/doctest.h>

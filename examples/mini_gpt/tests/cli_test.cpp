@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The mini_gpt command line as a user runs it: bad input exits with 2 and one line naming
 // the file and the problem; a run killed with SIGKILL and resumed gives the uninterrupted
 // losses; --json and --trace write what they promise.

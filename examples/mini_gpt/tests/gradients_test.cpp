@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gradients of a tiny GPT-2 against central finite differences of an independent float64
 // reference forward pass; the loss of a GPT-2-initialised model at step 0 against ln(V).
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The vectorised kernels (exp_approx, GELU, the causal attention through matrix products, the
 // softmax cross-entropy over a padded vocabulary, LayerNorm), the matrix products split over
 // the thread pool and the embedding against float64 references on random data, at sizes that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Data parallelism over MPI: two ranks (mpirun --oversubscribe) with the same global batch
 // give the single-process losses within 1e-5 relative per step, with the optimizer in
 // memory or sharded over the update pipeline on shared paths under node_lock; so do three.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer through its API: every --offload mode gives the same bits, save/resume is
 // exact, the loss falls, batches are taken as llm.c takes them.
 #include <doctest/doctest.h>

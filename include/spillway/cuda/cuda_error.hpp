@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/cuda_error.hpp: CUDA runtime errors as std::system_error.
 //
 // Guarantees: cuda_category() is a std::error_category whose values are cudaError_t codes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/device_stash.hpp: the activation stash for tensors in GPU memory. A
 // device_stash puts a host activation_stash (any storage tier behind it) under a GPU
 // trainer: tensors leave device memory on a side stream while compute goes on, and come

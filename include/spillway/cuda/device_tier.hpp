@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/device_tier.hpp: a storage tier in GPU memory.
 //
 // Guarantees:

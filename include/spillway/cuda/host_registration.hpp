@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/host_registration.hpp: page-locks memory the program already owns
 // (cudaHostRegister), so that buffers of the I/O engines and tiers become DMA-able in place.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/pinned_buffer.hpp: page-locked host memory from cudaHostAlloc: RAII buffers
 // and a standard allocator.
 //

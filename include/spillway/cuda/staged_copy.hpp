@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/staged_copy.hpp: moves bytes between a storage tier and device memory in
 // chunks, through a ring of pinned host buffers, so that the tier hop (disk, network) and
 // the PCIe hop overlap.

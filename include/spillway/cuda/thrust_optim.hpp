@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/thrust_optim.hpp: the optimizer's elementwise work on device memory as
 // Thrust kernels: the fp32 to fp16/bf16 cast of updated params, the gradient norm and
 // overflow check, and the AdamW step for subgroups kept in GPU memory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/cuda/thrust_widen.hpp: lazy gradient widening as a Thrust kernel: fp16 or bf16
 // values become fp32, optionally multiplied by a scale (the inverse loss scale), in one
 // elementwise pass: out[i] = to_float(in[i]) * scale.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/detail/thread_name.hpp: names the library's threads, so that top -H, perf, gdb
 // and /proc/<pid>/task/*/comm show which thread is which ("spw-uring", "spw-vtier", ...).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/io/aligned_buffer.hpp: RAII host buffers aligned for O_DIRECT.
 ///

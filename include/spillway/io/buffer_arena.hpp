@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/io/buffer_arena.hpp: small aligned_buffers carved out of huge-page slabs.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/io/completion.hpp: the move-only handle every asynchronous operation returns.
 ///

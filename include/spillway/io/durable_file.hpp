@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/io/durable_file.hpp: whole files written and read so that a crash or a bad file
 // never passes unnoticed: CRC-32C, create-write-fsync, exact reads with clear errors, and the
 // directory swap that keeps the previous good save until the new one is complete.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/io/io_engine.hpp: the I/O engine concept and `io_engine`, the engine that picks
 // io_uring or POSIX at run time.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/io/posix_engine.hpp: file I/O with pread/pwrite on a small pool of threads.
 //
 // Guarantees (the same as uring_engine; see io_engine.hpp for the shared contract):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/io/uring_engine.hpp: file I/O through one io_uring ring per engine (liburing),
 // and the run-time probe that says whether io_uring can be used here.
 //

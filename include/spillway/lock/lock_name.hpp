@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/lock/lock_name.hpp: the lock name of a storage path, the same in every process
 /// and every build.

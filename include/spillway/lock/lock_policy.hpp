@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/lock/lock_policy.hpp: the lock_policy concept and its in-process models.
 ///

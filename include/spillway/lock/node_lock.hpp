@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/lock/node_lock.hpp: a lock shared by every process of one node, keyed by name.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/lock/owned_directory.hpp: a scratch directory that records its owner's life, so
 /// that what a killed process left behind can be told from what a living one still uses.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/optim/adam.hpp: the mixed-precision AdamW step over one span of parameters.
 ///

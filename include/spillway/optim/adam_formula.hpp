@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/adam_formula.hpp: the AdamW update of one element, shared by every kernel.
 //
 // The formula (torch.optim.AdamW, decoupled weight decay; t is the 1-based step number):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/half.hpp: fp16 and bf16 storage types and exact conversions to and from float.
 //
 // Guarantees:

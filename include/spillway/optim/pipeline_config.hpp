@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/pipeline_config.hpp: what an update_pipeline is built with and called with.
 //
 // pipeline_config is the shape of the optimizer and the host memory it may use;

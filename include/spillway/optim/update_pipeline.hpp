@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/update_pipeline.hpp: the offloaded optimizer's update phase.
 //
 // update_pipeline<Tier, Grad, ParamCopy> keeps the AdamW state of `param_count` parameters

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/update_stats.hpp: what one update_pipeline call did, and how busy each
 // storage path was while it ran.
 //

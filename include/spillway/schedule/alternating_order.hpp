@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/schedule/alternating_order.hpp: the alternating subgroup order as a C++20 view.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/schedule/shard_range.hpp: which items of `count` a rank owns when `ranks`
 /// processes share them: the split a data-parallel trainer uses for its batch rows and its

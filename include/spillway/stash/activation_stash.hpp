@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/activation_stash.hpp: offload the tensors a trainer saves in forward for
 /// backward to any storage_tier, and bring them back in reverse order before backward needs

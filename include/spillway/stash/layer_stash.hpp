@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/layer_stash.hpp: a layer's saved tensors declared once (names and sizes),
 /// then computed into, saved, loaded and released by name over an activation_stash.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/split_rule.hpp: where forward stops offloading (TBA's adaptive split).
 ///

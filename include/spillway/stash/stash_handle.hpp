@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/stash_handle.hpp: the move-only reference to one tensor an
 /// activation_stash holds.

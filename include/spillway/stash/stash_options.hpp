@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/stash_options.hpp: what an activation_stash is configured with
 /// (split_mode, stash_options) and what it reports back (stash_stats, split_plan).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/tensor_desc.hpp: how a trainer names a tensor it saves in an
 /// activation_stash, and the identity the stash deduplicates on.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stream/layer_view.hpp: the view of one layer's parameter bytes that a
 /// param_stream hands out between acquire and release.

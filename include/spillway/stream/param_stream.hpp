@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stream/param_stream.hpp: a model's parameters as layer-sized blobs on any
 /// storage_tier, streamed through a hard memory budget in the order training visits them

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stream/param_stream_options.hpp: what a param_stream is built with, what it
 /// reports, and the arithmetic of its memory budget.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/bandwidth_estimate.hpp: a moving average of one path's bandwidth in one
 /// direction, over busy time, that an early instant transfer cannot dominate.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/bandwidth_split.hpp: splitting N items over paths in proportion to their
 /// bandwidth, n_i = N * B_i / sum_j B_j, rounded by the largest-remainder method.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/faulty_tier.hpp: a decorator that injects failures into any storage tier, so
 /// tests can prove that every layer above a tier survives them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/tier/file_tier.hpp: a storage tier in a directory, one file per key, written and
 // read through an I/O engine (io_uring or POSIX), with O_DIRECT where the file system
 // allows it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/tier/file_tier_options.hpp: the settings of a file_tier (tier/file_tier.hpp):
 // capacity, O_DIRECT mode, engine and spare files. Included by file_tier.hpp; include it on
 // its own to build options without the tier.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/host_tier.hpp: a storage tier in host memory, with a capacity bound.
 ///

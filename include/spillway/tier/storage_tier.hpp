@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/storage_tier.hpp: the storage_tier concept.
 ///

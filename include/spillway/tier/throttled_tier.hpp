@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/throttled_tier.hpp: a decorator that caps the bandwidth of any storage tier
 /// with a token bucket. Used to emulate slower storage (a parallel file system behind a

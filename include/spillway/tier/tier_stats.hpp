@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/tier_stats.hpp: counters every storage tier keeps, and the recorder that
 /// maintains them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/virtual_tier.hpp: one storage tier over several child tiers (storage
 /// paths), used together in proportion to their bandwidth, with per-path locks and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/virtual_tier_options.hpp: the plain values of a virtual_tier's interface:
 /// its settings, the per-child report it gives back, the requests of a batch, and

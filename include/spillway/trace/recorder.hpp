@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/trace/recorder.hpp: a timeline recorder exported as Chrome trace JSON.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/io/detail/engine_common.hpp: what the I/O engines share: the configuration, the
 // backend names, the request record, the counters, the fault hook, and the bookkeeping of
 // one request split into block-size pieces.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/adam_kernels.hpp: the AdamW step and gradient scans, per SIMD level.
 //
 // Guarantees:

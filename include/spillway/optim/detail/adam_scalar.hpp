@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/adam_scalar.hpp: the scalar AdamW kernel, gradient scan and sum of
 // squares: the reference every SIMD kernel matches bit for bit (see adam_kernels.hpp).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/adam_simd.hpp: AVX-512 and AVX2 kernels of the AdamW step, the
 // non-finite gradient scan and the sum of squares. See adam_kernels.hpp for the guarantees
 // (lane by lane the same operations as adamw_update).

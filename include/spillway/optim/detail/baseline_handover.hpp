@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/baseline_handover.hpp: the DeepSpeed-like gradient path of the
 // update pipeline, gradient_path::fp32_on_tier (not public).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/chunked_adam.hpp: one subgroup's AdamW step in chunks, with the
 // caller's work in between, and the rule that makes a retried update apply it once (not
 // public).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/gradient_check.hpp: the gradient check of one update_pipeline step
 // (not public): where it was made, whether an update may use it, and the streamed update's
 // gate, which checks each subgroup once its gradients are final.

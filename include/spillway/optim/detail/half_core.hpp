@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/half_core.hpp: the fp16/bf16 storage types and their scalar
 // conversions; see spillway/optim/half.hpp (which includes this) for the guarantees.
 #pragma once

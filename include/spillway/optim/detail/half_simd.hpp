@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/half_simd.hpp: AVX-512 and AVX2+F16C kernels for fp16/bf16 conversion.
 //
 // Guarantees: every function here gives, element by element, exactly the bits of the scalar

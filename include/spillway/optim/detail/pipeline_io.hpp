@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/pipeline_io.hpp: the update pipeline's I/O scheduler (not public).
 //
 // piece_io moves whole subgroup blobs ("jobs", one per host buffer) as pieces, one tier key

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/pipeline_manifest.hpp: the text format of an update_pipeline save's
 // manifest.txt (not public): its writer and its parser, pure functions over text.
 //

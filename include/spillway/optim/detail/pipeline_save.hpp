@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/pipeline_save.hpp: an update_pipeline's save directory, written from
 // and restored into its subgroup buffers, and the initial state the constructor writes the
 // same way (not public). The manifest's text format is in

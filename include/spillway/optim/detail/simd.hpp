@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/simd.hpp: run-time choice of the SIMD instruction set.
 //
 // Guarantees:

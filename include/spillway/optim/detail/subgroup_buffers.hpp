@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/optim/detail/subgroup_buffers.hpp: the update pipeline's host buffers and the
 // five-state machine that moves subgroup state between them and the tier (not public).
 //

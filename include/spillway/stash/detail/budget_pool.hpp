@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/detail/budget_pool.hpp: the activation stash's count of resident bytes and
 /// its pool of free buffers kept for reuse.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/detail/key_recycler.hpp: the tier keys of one activation stash, and the
 /// blobs of released tensors kept on the tier to be rewritten.

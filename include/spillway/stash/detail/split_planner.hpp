@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/detail/split_planner.hpp: which layers an activation stash offloads, and
 /// the tier bandwidth the adaptive split is planned from.

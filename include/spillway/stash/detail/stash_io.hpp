@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/detail/stash_io.hpp: an activation stash's traffic with its tier: writes,
 /// reads and erases run on the stash's writer and reader threads and completed there, the

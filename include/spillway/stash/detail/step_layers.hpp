@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/detail/step_layers.hpp: the layers of one step of an activation stash, in
 /// forward order, and the prefetch window over them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stash/detail/tensor_table.hpp: the tensors an activation stash holds, the
 /// deduplication index over their identities, and the handles issued for them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/stream/detail/visit_order.hpp: where a training loop is in the order it visits
 /// its layers, and how soon each layer is visited again.

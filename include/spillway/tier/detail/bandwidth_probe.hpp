@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/detail/bandwidth_probe.hpp: the virtual tier's measurement of one child at
 /// construction, when no bandwidths are given.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/detail/children.hpp: the container of a virtual tier's children, in its two
 /// forms, behind one interface (size(), visit(i, f), properties).

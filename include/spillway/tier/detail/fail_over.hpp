@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/detail/fail_over.hpp: the record a virtual tier's write keeps of the
 /// children that failed it, and the error it ends with when none is left.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spillway/tier/detail/file_helpers.hpp: file_tier's helpers for its own files: temporary
 // file names unique across the hosts sharing a directory, the test that says whether a
 // process that left such a file is gone, and the descriptor owner (spillway::unique_fd).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/detail/key_index.hpp: the virtual tier's in-memory index of keys: which
 /// child holds each key's committed copy, which child a write in flight goes to, how many

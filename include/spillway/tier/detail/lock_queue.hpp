@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/detail/lock_queue.hpp: a queue of operations that each need one lock out of
 /// a fixed set, served by a pool of workers that prefer an operation whose lock is free.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /// @file
 /// spillway/tier/detail/placement.hpp: which child of a virtual tier a key is written to,
 /// as pure functions of the children's figures (no tier, no locks, no I/O).
