@@ -54,18 +54,6 @@ std::size_t state_bytes(bool v2) {
     return n;
 }
 
-const char* dtype_name(std::int32_t d) {
-    switch (static_cast<grad_dtype>(d)) {
-        case grad_dtype::fp32:
-            return "fp32";
-        case grad_dtype::bf16:
-            return "bf16";
-        case grad_dtype::fp16:
-            return "fp16";
-    }
-    return "?";
-}
-
 /// Creates a folder of a save (mode 0700, see create_private_dirs); throws
 /// std::filesystem::filesystem_error naming it on failure.
 void make_save_dir(const std::filesystem::path& dir) {
@@ -415,8 +403,10 @@ train_state resume_checkpoint(const std::filesystem::path& resume_dir, const opt
         const auto& saved = saved_state.shape;
         const std::string file = (dir / "train.state").string();
         if (saved.grads != run.grads)
-            throw input_error("--grad-dtype " + std::string(dtype_name(run.grads)) + ": the save " +
-                              file + " was made with " + dtype_name(saved.grads) +
+            throw input_error("--grad-dtype " +
+                              std::string(dtype_name(static_cast<grad_dtype>(run.grads))) +
+                              ": the save " + file + " was made with " +
+                              dtype_name(static_cast<grad_dtype>(saved.grads)) +
                               " gradients (its loss scale belongs to them); resume with that type");
         if (saved.batch != run.batch || saved.seq != run.seq)
             throw input_error("--batch " + std::to_string(run.batch) + " --seq " +

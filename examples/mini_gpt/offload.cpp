@@ -49,20 +49,6 @@ namespace mini_gpt {
 
 namespace {
 
-std::string human(double b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) {
-        b /= 1024;
-        ++u;
-    }
-    std::ostringstream s;
-    s.setf(std::ios::fixed);
-    s.precision(u == 0 ? 0 : 1);
-    s << b << " " << units[u];
-    return s.str();
-}
-
 /// Creates `dir` (and parents) or throws input_error naming it.
 void make_dir(const std::filesystem::path& dir) {
     std::error_code ec;
@@ -236,10 +222,11 @@ public:
         o << "  optimizer       update pipeline over " << dirs_.size() << " path(s), "
           << pipe_->subgroup_count() << " subgroups of " << s_.subgroup << " params, " << s_.buffers
           << " host buffers\n";
-        o << "                  read " << human(static_cast<double>(read_)) << ", wrote "
-          << human(static_cast<double>(written_)) << "; of " << subgroups_ << " subgroup visits "
-          << resident_hits_ << " were served from the resident set and " << prefetch_hits_
-          << " by the " << prefetched_ << " reads started during forward and backward\n";
+        o << "                  read " << human_bytes(static_cast<double>(read_)) << ", wrote "
+          << human_bytes(static_cast<double>(written_)) << "; of " << subgroups_
+          << " subgroup visits " << resident_hits_ << " were served from the resident set and "
+          << prefetch_hits_ << " by the " << prefetched_
+          << " reads started during forward and backward\n";
         // Bytes from the tier's own counters (the update calls' and the reads begun during
         // forward and backward); the busy share from the update calls alone.
         for (const auto& c : tier_->report()) {
@@ -247,8 +234,8 @@ public:
             auto during_updates = std::find_if(children_.begin(), children_.end(),
                                                [&](const auto& x) { return x.name == name; });
             o << "                  tier " << name << ": read "
-              << human(static_cast<double>(c.moved.bytes_read)) << ", wrote "
-              << human(static_cast<double>(c.moved.bytes_written)) << "; busy "
+              << human_bytes(static_cast<double>(c.moved.bytes_read)) << ", wrote "
+              << human_bytes(static_cast<double>(c.moved.bytes_written)) << "; busy "
               << (during_updates == children_.end()
                       ? 0
                       : static_cast<int>(100 * during_updates->busy_fraction(update_seconds_) +
@@ -353,8 +340,8 @@ public:
                                   spillway::align_up(sizes[ti::residual3_i] * sizeof(float)) +
                                   small * static_cast<std::size_t>(c.num_layers);
         if (s.memory_budget > 0 && s.memory_budget < least)
-            throw input_error("--act-budget: " + human(static_cast<double>(s.memory_budget)) +
-                              " is below the " + human(static_cast<double>(least)) +
+            throw input_error("--act-budget: " + human_bytes(static_cast<double>(s.memory_budget)) +
+                              " is below the " + human_bytes(static_cast<double>(least)) +
                               " the last layer's backward loads at once (its input, tensors and "
                               "output, with every "
                               "layer's LayerNorm statistics) at this batch and sequence length");
@@ -496,14 +483,14 @@ public:
         std::ostringstream o;
         // Recomputed, the attention probabilities (which the softmax and att @ v both save: the
         // stash's dedup stores them once) are not saved at all.
-        o << "  stash           saved " << human(static_cast<double>(s.bytes_saved)) << " (dedup "
-          << human(static_cast<double>(s.bytes_deduplicated))
+        o << "  stash           saved " << human_bytes(static_cast<double>(s.bytes_saved))
+          << " (dedup " << human_bytes(static_cast<double>(s.bytes_deduplicated))
           << (recompute_ ? ": the attention probabilities, saved twice otherwise, are recomputed"
                          : "")
-          << "), offloaded " << human(static_cast<double>(s.bytes_offloaded)) << ", kept "
-          << human(static_cast<double>(s.bytes_kept)) << ", forwarded "
-          << human(static_cast<double>(s.bytes_forwarded)) << ", loaded "
-          << human(static_cast<double>(s.bytes_loaded)) << "\n";
+          << "), offloaded " << human_bytes(static_cast<double>(s.bytes_offloaded)) << ", kept "
+          << human_bytes(static_cast<double>(s.bytes_kept)) << ", forwarded "
+          << human_bytes(static_cast<double>(s.bytes_forwarded)) << ", loaded "
+          << human_bytes(static_cast<double>(s.bytes_loaded)) << "\n";
         o << "                  write skips " << s.write_skips << ", load wait "
           << s.load_wait_seconds * 1e3 << " ms, budget wait " << s.budget_wait_seconds * 1e3
           << " ms; "

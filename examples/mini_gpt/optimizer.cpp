@@ -5,12 +5,38 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 #include <system_error>
 
 #include "llmc_format.hpp"
 #include "spillway/optim/adam.hpp"
 
 namespace mini_gpt {
+
+const char* dtype_name(grad_dtype d) noexcept {
+    switch (d) {
+        case grad_dtype::fp32:
+            return "fp32";
+        case grad_dtype::bf16:
+            return "bf16";
+        case grad_dtype::fp16:
+            return "fp16";
+    }
+    return "?";
+}
+
+std::string human_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) {
+        bytes /= 1024;
+        ++u;
+    }
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << bytes << " " << units[u];
+    return s.str();
+}
 
 namespace {
 

@@ -27,6 +27,12 @@ namespace mini_gpt {
 
 enum class grad_dtype { fp32, bf16, fp16 };
 
+/// "fp32", "bf16" or "fp16" (the --grad-dtype spelling); "?" for a value outside the enum.
+const char* dtype_name(grad_dtype d) noexcept;
+
+/// A byte count for people: "512 B", "1.5 MiB", "3.2 GiB" (powers of 1024, one decimal).
+std::string human_bytes(double bytes);
+
 /// The gradients of one step in the --grad-dtype chosen, kept in host memory.
 using grad_span = std::variant<std::span<const float>, std::span<const spillway::bfloat16>,
                                std::span<const spillway::float16>>;

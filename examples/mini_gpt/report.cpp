@@ -14,33 +14,7 @@
 
 namespace mini_gpt {
 
-namespace {
-
-const char* dtype_name(grad_dtype d) {
-    switch (d) {
-        case grad_dtype::fp32:
-            return "fp32";
-        case grad_dtype::bf16:
-            return "bf16";
-        case grad_dtype::fp16:
-            return "fp16";
-    }
-    return "?";
-}
-
-std::string human_bytes(double b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) {
-        b /= 1024;
-        ++u;
-    }
-    std::ostringstream s;
-    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << b << " " << units[u];
-    return s.str();
-}
-
-}  // namespace
+namespace {}  // namespace
 
 run_printer::run_printer(const options& opt, std::ostream& out, run_report* report,
                          const gpt2& model, std::size_t layer_act_bytes)
