@@ -74,6 +74,7 @@ std::string usage_text() {
 Usage: mini_gpt [flags]
   --model FILE        start from an llm.c checkpoint (default: a small model, GPT-2 init)
   --data FILE         llm.c token file (default: the built-in corpus, byte tokens)
+  --corpus-bytes N    the built-in corpus's size in bytes (default 1 MiB, at least 1024)
   --batch B           global batch size (default 16)
   --seq T             sequence length (default 64)
   --steps N           training steps (default 400)
@@ -122,6 +123,7 @@ Usage: mini_gpt [flags]
   --quiet             no per-step lines
   --trace FILE        write a Chrome trace (Perfetto) of compute and I/O; under mpirun rank 0
                       writes FILE and rank k writes FILE with ".rank<k>" before its extension
+  --help, --version   this text; the version of mini_gpt and Spillway
   Default model: --layers 4 --channels 128 --heads 4 --vocab 256 --max-seq 64
 )";
 }

@@ -9,6 +9,7 @@
 
 #include "dist.hpp"
 #include "llmc_format.hpp"
+#include "spillway/config.hpp"
 #include "trainer.hpp"
 
 namespace {
@@ -31,6 +32,12 @@ int main(int argc, char** argv) {
             mini_gpt::dist::finalize();
             return 0;
         }
+        if (a == "--version") {
+            if (mini_gpt::dist::rank() == 0)
+                std::cout << "mini_gpt (Spillway " SPILLWAY_VERSION_STRING ")\n";
+            mini_gpt::dist::finalize();
+            return 0;
+        }
     }
     try {
         mini_gpt::options opt = mini_gpt::parse_options(args);
@@ -42,8 +49,9 @@ int main(int argc, char** argv) {
     } catch (const std::invalid_argument& e) {
         return fail(2, "error", e.what());
     } catch (const std::bad_alloc&) {
-        return fail(1, "failed", "out of memory: the model, the batch or the buffers asked for more than this "
-                                 "machine gives (std::bad_alloc)");
+        return fail(1, "failed",
+                    "out of memory: the model, the batch or the buffers asked for more than this "
+                    "machine gives (std::bad_alloc)");
     } catch (const std::exception& e) {
         return fail(1, "failed", e.what());
     }

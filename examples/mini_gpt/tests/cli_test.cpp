@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "spillway/config.hpp"
 #include "llmc_format.hpp"
 #include "spillway/lock/owned_directory.hpp"
 #include "support/temp_dir.hpp"
@@ -804,4 +805,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     auto help = run(d, {"--help"});
     CHECK(help.status == 0);
     CHECK(help.out.find("--offload") != std::string::npos);
+    CHECK(help.out.find("--version") != std::string::npos);
+    auto version = run(d, {"--version"});
+    CHECK(version.status == 0);
+    CHECK(version.out == "mini_gpt (Spillway " SPILLWAY_VERSION_STRING ")\n");
 }
