@@ -2,6 +2,8 @@
 // examples/mini_gpt/report.cpp: what a run prints (report.hpp).
 #include "report.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
@@ -14,7 +16,21 @@
 
 namespace mini_gpt {
 
-namespace {}  // namespace
+namespace {
+
+/// Seconds as "m:ss", or "h:mm:ss" from an hour on.
+std::string clock_text(double seconds) {
+    const auto total = static_cast<long long>(seconds + 0.5);
+    char buf[32];
+    if (total >= 3600)
+        std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60,
+                      total % 60);
+    else
+        std::snprintf(buf, sizeof buf, "%lld:%02lld", total / 60, total % 60);
+    return buf;
+}
+
+}  // namespace
 
 run_printer::run_printer(const options& opt, std::ostream& out, run_report* report,
                          const gpt2& model, std::size_t layer_act_bytes)
@@ -122,18 +138,28 @@ void run_printer::step(const step_result& r) {
         }
         out_ << line << std::flush;
     } else if (!opt_.quiet) {
-        char buf[256];
+        // Elapsed wall time since the printer started, and the time left at the mean step
+        // time of this run's steps so far.
+        ++lines_;
+        const double elapsed_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+        const double left_s = totals_.total / 1e3 / lines_ *
+                              static_cast<double>(std::max<long long>(0, opt_.steps - r.step - 1));
+        const std::string clock =
+            " | " + clock_text(elapsed_s) + " elapsed, " + clock_text(left_s) + " left";
+        char buf[320];
         std::snprintf(
             buf, sizeof buf,
             "step %5lld/%d | loss %.4f | %8.0f tok/s | fwd %7.1f bwd %7.1f upd %6.1f io-wait "
-            "%6.1f%s ms%s\n",
+            "%6.1f%s ms%s%s\n",
             static_cast<long long>(r.step + 1), opt_.steps, static_cast<double>(r.loss), tok_s,
             r.times.forward_ms, r.times.backward_ms, r.update_ms, r.io_wait_ms,
             dist::size() > 1 ? (" comm " + std::to_string(r.comm_ms).substr(0, 6)).c_str() : "",
             !r.finite          ? " (overflow: step skipped)"
             : r.deferred       ? " (update under the next forward)"
             : r.under_backward ? " (update under backward)"
-                               : "");
+                               : "",
+            clock.c_str());
         out_ << buf << std::flush;
     }
 }

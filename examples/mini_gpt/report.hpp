@@ -4,6 +4,7 @@
 // measurements a benchmark asks for (run_report).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <iosfwd>
 #include <string>
@@ -51,6 +52,8 @@ private:
         stream_traffic traffic;  // --offload params: the streams' bytes over every step
     } totals_;
     float first_loss_, last_loss_;
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+    int lines_ = 0;  // progress lines printed: the mean step time behind the estimate
 };
 
 }  // namespace mini_gpt

@@ -793,10 +793,10 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
                                                       (d / "p").string(), "--lock-dir",
                                                       (d / "locks").string()});
     REQUIRE(table.status == 0);
-    for (const char* s :
-         {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait", "summary", "throughput",
-          "activations", "stash", "optimizer", "resident set", "(update under the next forward)",
-          "deferred update 1 of 2 updates ran under the next forward"})
+    for (const char* s : {"step     1/2", "loss", "tok/s", "fwd", "bwd", "upd", "io-wait",
+                          "elapsed, ", " left", "summary", "throughput", "activations", "stash",
+                          "optimizer", "resident set", "(update under the next forward)",
+                          "deferred update 1 of 2 updates ran under the next forward"})
         CHECK(table.out.find(s) != std::string::npos);
     // The matmul line names the kernels OpenBLAS runs: the child inherits this process's
     // environment, so its OpenBLAS picks what this one picked.
