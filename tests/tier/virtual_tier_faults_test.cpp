@@ -29,36 +29,17 @@
 #include <spillway/tier/virtual_tier.hpp>
 
 #include "support/random_bytes.hpp"
+#include "support/tier_io.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace spillway;
 using spillway::test::random_bytes;
+using namespace spillway::test;
 namespace fs = std::filesystem;
 
 namespace {
 constexpr std::size_t KiB = 1024;
 
-template <class Tier>
-void put(Tier& t, const std::string& key, const std::vector<std::byte>& data) {
-    REQUIRE(t.write(key, data).wait() == data.size());
-}
-template <class Tier>
-std::vector<std::byte> get(Tier& t, const std::string& key, std::size_t n) {
-    std::vector<std::byte> back(n);
-    REQUIRE(t.read(key, back).wait() == n);
-    return back;
-}
-std::string message_of(io_completion c) {
-    try {
-        c.wait();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "no error";
-}
-bool has(const std::string& s, std::string_view part) {
-    return s.find(part) != std::string::npos;
-}
 std::string slurp(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -66,14 +47,6 @@ std::string slurp(const fs::path& p) {
 std::vector<std::byte> bytes_of(const std::string& s) {
     const auto* p = reinterpret_cast<const std::byte*>(s.data());
     return std::vector<std::byte>(p, p + s.size());
-}
-
-virtual_tier_options fixed(std::vector<double> bw, std::string name = "vt") {
-    virtual_tier_options o;
-    o.name = std::move(name);
-    o.bandwidths = std::move(bw);
-    o.placement = placement_mode::fixed;
-    return o;
 }
 
 /// Two file-tier children in directories a/ and b/ under a scratch directory.

@@ -26,10 +26,12 @@
 
 #include "support/host_tier_wrapper.hpp"
 #include "support/random_bytes.hpp"
+#include "support/tier_io.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace spillway;
 using spillway::test::random_bytes;
+using namespace spillway::test;
 
 namespace {
 constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
@@ -39,39 +41,10 @@ std::string key_of(std::size_t i) {
 }
 
 template <class Tier>
-void put(Tier& t, const std::string& key, const std::vector<std::byte>& data) {
-    REQUIRE(t.write(key, data).wait() == data.size());
-}
-template <class Tier>
-std::vector<std::byte> get(Tier& t, const std::string& key, std::size_t n) {
-    std::vector<std::byte> back(n);
-    REQUIRE(t.read(key, back).wait() == n);
-    return back;
-}
-template <class Tier>
 std::vector<std::size_t> keys_per_child(const Tier& t) {
     std::vector<std::size_t> out;
     for (auto& r : t.report()) out.push_back(r.keys);
     return out;
-}
-std::string message_of(io_completion c) {
-    try {
-        c.wait();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "no error";
-}
-bool has(const std::string& s, std::string_view part) {
-    return s.find(part) != std::string::npos;
-}
-
-virtual_tier_options fixed(std::vector<double> bw, std::string name = "vt") {
-    virtual_tier_options o;
-    o.name = std::move(name);
-    o.bandwidths = std::move(bw);
-    o.placement = placement_mode::fixed;
-    return o;
 }
 
 using throttled_host = throttled_tier<host_tier>;
