@@ -150,21 +150,26 @@ checkpoint parse_checkpoint(std::span<const std::byte> file, const std::filesyst
     return ck;
 }
 
+std::array<std::int32_t, header_ints> llmc_header(const gpt2_config& c) {
+    std::array<std::int32_t, header_ints> h{};
+    h[0] = checkpoint_magic;
+    h[1] = checkpoint_version;
+    h[2] = c.max_seq_len;
+    h[3] = c.vocab_size;
+    h[4] = c.num_layers;
+    h[5] = c.num_heads;
+    h[6] = c.channels;
+    h[7] = c.padded_vocab_size;
+    return h;
+}
+
 void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config,
                       std::span<const float> params) {
     param_layout layout(config);
     if (params.size() != layout.total)
         throw std::invalid_argument("write_checkpoint: " + std::to_string(params.size()) +
                                     " params for a config of " + std::to_string(layout.total));
-    std::vector<std::int32_t> header(header_ints, 0);
-    header[0] = checkpoint_magic;
-    header[1] = checkpoint_version;
-    header[2] = config.max_seq_len;
-    header[3] = config.vocab_size;
-    header[4] = config.num_layers;
-    header[5] = config.num_heads;
-    header[6] = config.channels;
-    header[7] = config.padded_vocab_size;
+    const auto header = llmc_header(config);
     std::vector<std::byte> file(header_ints * sizeof(std::int32_t) + params.size_bytes());
     std::memcpy(file.data(), header.data(), header_ints * sizeof(std::int32_t));
     std::memcpy(file.data() + header_ints * sizeof(std::int32_t), params.data(),

@@ -13,6 +13,7 @@
 // file under the final name; failures throw input_error naming the path and errno text.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <span>
@@ -36,6 +37,9 @@ inline constexpr std::int32_t checkpoint_version = 3;
 inline constexpr std::int32_t tokens_magic = 20240520;
 inline constexpr std::int32_t tokens_version = 1;
 inline constexpr std::size_t header_ints = 256;
+
+/// The header of an llm.c fp32 checkpoint of `config` (magic, version, the shape; the rest 0).
+std::array<std::int32_t, header_ints> llmc_header(const gpt2_config& config);
 
 struct checkpoint {
     gpt2_config config;

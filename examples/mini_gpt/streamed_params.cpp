@@ -134,19 +134,6 @@ private:
     spillway::unique_fd fd_;
 };
 
-std::array<std::int32_t, header_ints> llmc_header(const gpt2_config& c) {
-    std::array<std::int32_t, header_ints> h{};
-    h[0] = checkpoint_magic;
-    h[1] = checkpoint_version;
-    h[2] = c.max_seq_len;
-    h[3] = c.vocab_size;
-    h[4] = c.num_layers;
-    h[5] = c.num_heads;
-    h[6] = c.channels;
-    h[7] = c.padded_vocab_size;
-    return h;
-}
-
 }  // namespace
 
 std::size_t streamed_params::layer_param_bytes(const gpt2_config& c) {

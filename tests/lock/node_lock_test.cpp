@@ -140,6 +140,24 @@ bool wait_byte(int fd, int ms) {
     return ::read(fd, &c, 1) == 1;
 }
 
+/// Forks a process that takes node_lock `name`, writes one byte to `notify_fd` once it holds
+/// it, and waits to be killed; returns its pid.
+pid_t fork_holder(const char* name, const lock_options& opts, int notify_fd) {
+    const pid_t holder = ::fork();
+    REQUIRE(holder >= 0);
+    if (holder == 0) {
+        try {
+            node_lock l(name, opts);
+            l.lock();
+            (void)!::write(notify_fd, "h", 1);
+            for (;;) ::pause();
+        } catch (...) {
+        }
+        ::_exit(1);
+    }
+    return holder;
+}
+
 #ifdef SPILLWAY_SANITIZED
 constexpr int kIterations = 60;
 #else
@@ -197,18 +215,7 @@ TEST_CASE("node_lock: SIGKILL of the holder releases the lock, and the waiter ge
     REQUIRE(::pipe(held) == 0);
     REQUIRE(::pipe(got) == 0);
     // Holder: takes the lock, says so, and waits to be killed.
-    pid_t holder = ::fork();
-    REQUIRE(holder >= 0);
-    if (holder == 0) {
-        try {
-            node_lock l("crash", opts);
-            l.lock();
-            (void)!::write(held[1], "h", 1);
-            for (;;) ::pause();
-        } catch (...) {
-        }
-        ::_exit(1);
-    }
+    const pid_t holder = fork_holder("crash", opts, held[1]);
     REQUIRE(wait_byte(held[0], 10000));
     // Waiter: blocks in lock() and reports when it gets through.
     pid_t waiter = ::fork();
@@ -495,18 +502,7 @@ TEST_CASE(
     // Held by another process: left alone until that process is killed.
     int ready[2];
     REQUIRE(::pipe(ready) == 0);
-    pid_t holder = ::fork();
-    REQUIRE(holder >= 0);
-    if (holder == 0) {
-        try {
-            node_lock l("other", opts);
-            l.lock();
-            (void)!::write(ready[1], "h", 1);
-            for (;;) ::pause();
-        } catch (...) {
-        }
-        ::_exit(1);
-    }
+    const pid_t holder = fork_holder("other", opts, ready[1]);
     REQUIRE(wait_byte(ready[0], 60'000));
     CHECK_FALSE(node_lock::remove_file("other", opts));
     CHECK(fs::exists(dir.path() / "spillway-other.lock"));

@@ -54,29 +54,9 @@ std::string slurp(const std::filesystem::path& p) {
     ::_exit(127);
 }
 
-/// Runs mini_gpt with `args`, stdout and stderr to files under `dir`.
-result run(const std::filesystem::path& dir, std::vector<std::string> args) {
-    auto out = dir / "stdout.txt", err = dir / "stderr.txt";
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        ::dup2(o, 1);
-        ::dup2(e, 2);
-        exec_mini_gpt(args);
-    }
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    result r;
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-}
-
-/// Runs mini_gpt with `args` like run(), but kills it with SIGKILL after `limit` seconds (status
-/// 128 + 9): a run that would block for ever fails the test instead of hanging it.
+/// Runs mini_gpt with `args`, stdout and stderr to files under `dir`; with a `limit` in seconds
+/// it kills the run with SIGKILL then (status 128 + 9): a run that would block for ever fails
+/// the test instead of hanging it.
 result run_within(const std::filesystem::path& dir, std::vector<std::string> args, int limit) {
     auto out = dir / "stdout.txt", err = dir / "stderr.txt";
     pid_t pid = ::fork();
@@ -89,8 +69,9 @@ result run_within(const std::filesystem::path& dir, std::vector<std::string> arg
         exec_mini_gpt(args);
     }
     int st = 0;
+    if (limit <= 0) ::waitpid(pid, &st, 0);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit);
-    while (::waitpid(pid, &st, WNOHANG) == 0) {
+    while (limit > 0 && ::waitpid(pid, &st, WNOHANG) == 0) {
         if (std::chrono::steady_clock::now() > deadline) {
             ::kill(pid, SIGKILL);
             ::waitpid(pid, &st, 0);
@@ -103,6 +84,11 @@ result run_within(const std::filesystem::path& dir, std::vector<std::string> arg
     r.out = slurp(out);
     r.err = slurp(err);
     return r;
+}
+
+/// Runs mini_gpt with `args` to completion (run_within without a limit).
+result run(const std::filesystem::path& dir, std::vector<std::string> args) {
+    return run_within(dir, std::move(args), 0);
 }
 
 /// Runs mini_gpt with `args` (which must include --json) and kills it with SIGKILL once it
