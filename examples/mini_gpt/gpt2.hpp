@@ -288,6 +288,12 @@ public:
     /// Bytes of layer activations resident at the peak of the last step.
     [[nodiscard]] virtual std::size_t peak_bytes() const = 0;
     virtual void reset_peak() = 0;
+    /// Bytes read from and written to storage so far (0 for a store that keeps everything in
+    /// memory): subtract two to see one step.
+    struct io_bytes {
+        std::uint64_t read = 0, written = 0;
+    };
+    [[nodiscard]] virtual io_bytes traffic() const { return {}; }
     /// Lines for the summary table (bytes offloaded, dedup, forwarding...); may be empty.
     [[nodiscard]] virtual std::string report() const { return {}; }
 };

@@ -477,6 +477,10 @@ public:
         peak_ = 0;
         sample();
     }
+    [[nodiscard]] io_bytes traffic() const override {
+        const auto s = stash_->stats();
+        return {s.bytes_loaded, s.bytes_offloaded};
+    }
     [[nodiscard]] std::string report() const override {
         auto s = stash_->stats();
         auto plan = stash_->plan();

@@ -93,6 +93,8 @@ void run_printer::step(const step_result& r) {
         totals_.traffic.param_written += r.traffic.param_written;
         totals_.traffic.state_read += r.traffic.state_read;
         totals_.traffic.state_written += r.traffic.state_written;
+        totals_.act_traffic.read += r.act_traffic.read;
+        totals_.act_traffic.written += r.act_traffic.written;
     }
     if (totals_.steps == 0)
         totals_.act_peak_first = r.act_peak;
@@ -123,17 +125,20 @@ void run_printer::step(const step_result& r) {
             static_cast<double>(r.loss_scale), r.finite ? "false" : "true");
         std::string line = buf;
         if (r.streamed) {
-            // --offload params: VmHWM beside the budget, the bytes the streams moved this
-            // step (params and m|v, to and from the path).
+            // --offload params: VmHWM beside the budget, the bytes moved to and from the
+            // path this step (params, m|v and the activations).
             std::snprintf(buf, sizeof buf,
                           ",\"peak_rss_bytes\":%zu,\"memory_budget\":%zu,\"param_read_bytes\":%llu,"
                           "\"param_written_bytes\":%llu,\"state_read_bytes\":%llu,"
-                          "\"state_written_bytes\":%llu}\n",
+                          "\"state_written_bytes\":%llu,\"act_read_bytes\":%llu,"
+                          "\"act_written_bytes\":%llu}\n",
                           r.peak_rss, opt_.memory_budget,
                           static_cast<unsigned long long>(r.traffic.param_read),
                           static_cast<unsigned long long>(r.traffic.param_written),
                           static_cast<unsigned long long>(r.traffic.state_read),
-                          static_cast<unsigned long long>(r.traffic.state_written));
+                          static_cast<unsigned long long>(r.traffic.state_written),
+                          static_cast<unsigned long long>(r.act_traffic.read),
+                          static_cast<unsigned long long>(r.act_traffic.written));
             line = line.substr(0, line.size() - 2) + buf;  // (before the closing "}\n")
         }
         out_ << line << std::flush;
@@ -244,7 +249,14 @@ void run_printer::summary(const step_runner& steps, const activation_store& stor
              << human_bytes(static_cast<double>(t.param_read) / n) << ", written "
              << human_bytes(static_cast<double>(t.param_written) / n) << "; m,v read "
              << human_bytes(static_cast<double>(t.state_read) / n) << ", written "
-             << human_bytes(static_cast<double>(t.state_written) / n) << "\n";
+             << human_bytes(static_cast<double>(t.state_written) / n) << "; activations read "
+             << human_bytes(static_cast<double>(totals_.act_traffic.read) / n) << ", written "
+             << human_bytes(static_cast<double>(totals_.act_traffic.written) / n) << "\n";
+        std::snprintf(buf, sizeof buf,
+                      "  stream waits    params %.1f ms, m,v %.1f ms per step (acquires that "
+                      "found their layer not yet read)\n",
+                      ps.wait_seconds * 1e3 / n, ss.wait_seconds * 1e3 / n);
+        out_ << buf;
     }
 }
 

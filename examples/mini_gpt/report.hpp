@@ -50,6 +50,7 @@ private:
         std::size_t act_peak_first = 0;  // the first step
         int steps = 0, skipped = 0;
         stream_traffic traffic;  // --offload params: the streams' bytes over every step
+        activation_store::io_bytes act_traffic;  // and the activation stash's
     } totals_;
     float first_loss_, last_loss_;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

@@ -178,6 +178,7 @@ step_result step_runner::train_step_streamed(std::int64_t step, train_state& sta
     auto t0 = clock_type::now();
     const double cpu0 = process_cpu_ms();
     const stream_traffic before = sp.traffic();
+    const activation_store::io_bytes act_before = p_.store.traffic();
     fill_batch(p_.tokens, step, B, T, static_cast<int>(p_.rows.begin), rows, inputs_, targets_);
     p_.store.reset_peak();
     auto tf = clock_type::now();
@@ -205,6 +206,8 @@ step_result step_runner::train_step_streamed(std::int64_t step, train_state& sta
     r.act_peak = p_.store.peak_bytes() + model.fixed_activation_bytes();
     r.cpu_ms = process_cpu_ms() - cpu0;
     r.traffic = sp.traffic() - before;
+    const activation_store::io_bytes act_after = p_.store.traffic();
+    r.act_traffic = {act_after.read - act_before.read, act_after.written - act_before.written};
     r.peak_rss = peak_rss_bytes();
     return r;
 }

@@ -49,6 +49,7 @@ struct step_result {
     // --offload params: bytes the streams moved in this step, the process's VmHWM after it.
     bool streamed = false;
     stream_traffic traffic;
+    activation_store::io_bytes act_traffic;  // the activation stash's reads and writes
     std::size_t peak_rss = 0;
 };
 

@@ -210,6 +210,25 @@ TEST_CASE("visit_order: distances follow forward then backward, and resynchronis
     CHECK(one.distance(0) == 1);
 }
 
+TEST_CASE("visit_order: backward_only visits N-1..0 every step") {
+    spillway::detail::visit_order order(4, spillway::visit_pattern::backward_only);  // 3 2 1 0 | 3
+    CHECK(order.period() == 4);
+    CHECK(order.distance(3) == 1);
+    CHECK(order.distance(0) == 4);
+    CHECK(order.layer_at(1) == 3);
+    CHECK(order.layer_at(4) == 0);
+    CHECK(order.layer_at(5) == 3);
+    order.visit(3);
+    order.visit(2);
+    CHECK_FALSE(order.forward());
+    CHECK(order.distance(1) == 1);
+    CHECK(order.distance(3) == 3);  // the next step starts with the last layer
+    CHECK(order.distance(2) == 4);  // just visited: needed latest
+    order.visit(0);                 // a skipped visit resynchronises
+    CHECK(order.distance(3) == 1);
+    CHECK(order.layer_at(2) == 2);
+}
+
 TEST_CASE("construction refuses what cannot work, naming the smallest budget") {
     host_tier tier;
     const std::vector<std::size_t> sizes = {4096, 3 * 4096 + 5, 4096};
@@ -791,6 +810,59 @@ TEST_CASE("prefetch reads ahead in the current direction; depth 0 reads on deman
         } else {
             CHECK(after.demand_reads - before.demand_reads == 0);
             CHECK(after.served_prefetched - before.served_prefetched >= reads);
+        }
+    }
+}
+
+TEST_CASE("backward_only: state updated in backward is prefetched while forward runs") {
+    // An optimizer's moments: acquired for update in backward only, N-1..0 every step. Belady
+    // on that order gives up the layer just updated (needed latest); prefetch reads the next
+    // ones in the order, so between two backwards (while forward runs) the stream already
+    // reads the last layers' state for the next.
+    constexpr std::size_t n = 8;
+    constexpr std::size_t layer = 4096;
+    for (std::size_t k = 1; k <= n + 1; ++k) {
+        CAPTURE(k);
+        probed_tier tier;
+        auto o = options_with(k * layer);
+        o.pattern = spillway::visit_pattern::backward_only;
+        param_stream s(tier, spillway::uniform_layers(n, layer), o);
+        tier.probe = [&] { return s.resident_bytes(); };
+        std::vector<std::vector<std::byte>> ref;
+        for (std::size_t l = 0; l < n; ++l) {
+            ref.push_back(spillway::test::random_bytes(layer, l + 100));
+            s.store(l, ref[l]);
+        }
+        s.flush();
+        for (std::size_t step = 0; step < 4; ++step) {
+            const auto before = s.stats();
+            for (std::size_t l = n; l-- > 0;) {
+                auto v = s.acquire_for_update(l);
+                CHECK(same(v.bytes(), ref[l]));
+                update_bytes(v.bytes(), step, l);
+                update_bytes(ref[l], step, l);
+                s.release(l, layer_change::updated);
+            }
+            // Between backwards: the next backward's first min(k, n) layers are in memory
+            // (prefetch on a synchronous tier), the last ones of this backward given up.
+            const std::size_t kept = std::min(k, n);
+            for (std::size_t l = 0; l < n; ++l) CHECK(s.in_memory(l) == (l >= n - kept));
+            const auto after = s.stats();
+            if (step == 0) continue;
+            CHECK(after.waits - before.waits == 0);
+            CHECK(after.demand_reads - before.demand_reads == 0);
+            // Every layer not kept across whole steps is read and written once a step.
+            const std::size_t moved = k >= n ? 0 : n;
+            CHECK(after.reads - before.reads == moved);
+            CHECK(after.writes - before.writes == moved);
+        }
+        CHECK(s.stats().peak_resident_bytes <= k * layer);
+        CHECK(tier.max_seen.load() <= k * layer);
+        s.flush();
+        for (std::size_t l = 0; l < n; ++l) {
+            std::vector<std::byte> on_tier(layer);
+            tier.inner.read(s.key_of(l), on_tier).wait();
+            CHECK(on_tier == ref[l]);
         }
     }
 }

@@ -88,7 +88,7 @@ public:
     param_stream(Tier& tier, std::vector<std::size_t> layer_nbytes, param_stream_options options)
         : tier_(tier),
           opt_(std::move(options)),
-          order_(std::max<std::size_t>(layer_nbytes.size(), 1)) {
+          order_(std::max<std::size_t>(layer_nbytes.size(), 1), opt_.pattern) {
         expect_argument(!layer_nbytes.empty(), "param_stream: at least one layer is needed");
         validate_key(opt_.key_prefix, "param_stream: key_prefix");
         expect_argument(opt_.key_prefix.size() <= 200,

@@ -43,6 +43,16 @@ enum class layer_change {
                 ///< layer is dirty and is written back once before its buffer is reused
 };
 
+/// The order in which a training loop visits the stream's layers, step after step: what
+/// prefetch reads ahead and what Belady's rule gives up.
+enum class visit_pattern {
+    /// 0..N-1 (forward), then N-1..0 (backward): parameters, which both passes read.
+    forward_and_backward,
+    /// N-1..0 every step: state that only backward's layer-by-layer updates touch, such as
+    /// an optimizer's moments. Prefetch then reads the last layers' state while forward runs.
+    backward_only,
+};
+
 /// How a param_stream runs.
 struct param_stream_options {
     /// The most bytes of parameter buffers resident at once (> 0): layers held, resident,
@@ -56,6 +66,9 @@ struct param_stream_options {
     /// How many layers, in order of their next visit, prefetch looks at (0: no prefetch,
     /// every read is issued by the acquire that needs it). The budget bounds it anyway.
     std::size_t prefetch_depth = std::numeric_limits<std::size_t>::max();
+    /// The order of the acquires (see visit_pattern); another order still works, but each
+    /// acquire off the pattern resynchronises the cursor and prefetch reads the wrong layers.
+    visit_pattern pattern = visit_pattern::forward_and_backward;
     std::string key_prefix = "params";  ///< tier keys are "<key_prefix>-<layer>"
     blob_lifetime blobs = blob_lifetime::erase_on_destroy;           ///< see blob_lifetime
     initial_contents contents = initial_contents::stored_by_caller;  ///< see initial_contents
