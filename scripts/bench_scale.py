@@ -291,7 +291,7 @@ def loss_identity(a: list, b: list) -> tuple[bool | None, str]:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
-            return False, f"step {i}: {a[i]!r} vs {b[i]!r}"
+            return False, f"step {i + 1}: {a[i]!r} vs {b[i]!r}"  # steps count from 1
     if len(a) != len(b):
         return False, f"{len(a)} vs {len(b)} steps"
     return True, f"{n} steps identical"
@@ -906,11 +906,17 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def echo_step(prefix: str, total: int, stream=None):
+    """Prints "step k/total" for the k-th step object of a run, counted from 1 as mini_gpt's
+    progress line and its --json "step" count (the position, not the field: a trainer that
+    counts from 0 is echoed the same)."""
+    seen = 0
+
     def echo(step: dict):
-        i = number(first(step, STEP_FIELDS["step"]))
+        nonlocal seen
+        seen += 1
         loss = number(first(step, STEP_FIELDS["loss"]))
         ms = number(first(step, STEP_FIELDS["ms"]))
-        print(f"{prefix}step {int(i) + 1 if i is not None else '?'}/{total}: loss {fmt(loss, 4)}"
+        print(f"{prefix}step {seen}/{total}: loss {fmt(loss, 4)}"
               f" ({fmt(ms / 1e3 if ms is not None else None, 2)} s)", file=stream or sys.stderr, flush=True)
     return echo
 

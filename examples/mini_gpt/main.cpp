@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "dist.hpp"
 #include "llmc_format.hpp"
-#include "spillway/config.hpp"
 #include "trainer.hpp"
 
 namespace {
@@ -26,18 +26,10 @@ int fail(int status, const char* kind, const char* what) {
 int main(int argc, char** argv) {
     mini_gpt::dist::init(&argc, &argv);
     std::vector<std::string> args(argv + 1, argv + argc);
-    for (const auto& a : args) {
-        if (a == "--help" || a == "-h") {
-            if (mini_gpt::dist::rank() == 0) std::cout << mini_gpt::usage_text();
-            mini_gpt::dist::finalize();
-            return 0;
-        }
-        if (a == "--version") {
-            if (mini_gpt::dist::rank() == 0)
-                std::cout << "mini_gpt (Spillway " SPILLWAY_VERSION_STRING ")\n";
-            mini_gpt::dist::finalize();
-            return 0;
-        }
+    if (const auto text = mini_gpt::help_or_version(args)) {
+        if (mini_gpt::dist::rank() == 0) std::cout << *text;
+        mini_gpt::dist::finalize();
+        return 0;
     }
     try {
         mini_gpt::options opt = mini_gpt::parse_options(args);

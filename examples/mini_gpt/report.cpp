@@ -118,7 +118,7 @@ void run_printer::step(const step_result& r) {
             "\"io_wait_ms\":%.3f,\"param_wait_ms\":%.3f,\"update_deferred\":%s,"
             "\"update_under_backward\":%s,\"comm_ms\":%.3f,"
             "\"cpu_ms\":%.3f,\"loss_scale\":%g,\"skipped\":%s}\n",
-            static_cast<long long>(r.step), static_cast<double>(r.loss), r.step_ms, tok_s,
+            static_cast<long long>(r.step + 1), static_cast<double>(r.loss), r.step_ms, tok_s,
             r.act_peak, all_kept_bytes(), r.times.forward_ms, r.times.backward_ms, r.update_ms,
             r.io_wait_ms, r.times.param_wait_ms, r.deferred ? "true" : "false",
             r.under_backward ? "true" : "false", r.comm_ms, r.cpu_ms,

@@ -191,9 +191,9 @@ step_result step_runner::train_step_streamed(std::int64_t step, train_state& sta
     ++state.adam_steps;
     r.loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
     if (p_.recorder) {
-        p_.recorder->complete(track_, "forward " + std::to_string(step), tf, tb);
-        p_.recorder->complete(track_, "backward and layer updates " + std::to_string(step), tb, tu);
-        p_.recorder->complete(track_, "update of the ends " + std::to_string(step), tu,
+        p_.recorder->complete(track_, "forward " + std::to_string(step + 1), tf, tb);
+        p_.recorder->complete(track_, "backward and layer updates " + std::to_string(step + 1), tb, tu);
+        p_.recorder->complete(track_, "update of the ends " + std::to_string(step + 1), tu,
                               clock_type::now());
     }
     r.under_backward = true;
@@ -244,7 +244,7 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
         auto [u0, u1] = deferred.finish();
         if (recorder)
             recorder->complete(
-                track_, "optimizer step (under forward " + std::to_string(step) + ")", u0, u1);
+                track_, "optimizer step (under forward " + std::to_string(step + 1) + ")", u0, u1);
         optim.prefetch();  // the next update's first reads now run under backward
     }
 
@@ -280,10 +280,10 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
     r.loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
     r.comm_ms = ms_since(ta);
     if (recorder) {
-        recorder->complete(track_, "forward " + std::to_string(step), tf, tb);
-        recorder->complete(track_, "backward " + std::to_string(step), tb, ta);
+        recorder->complete(track_, "forward " + std::to_string(step + 1), tf, tb);
+        recorder->complete(track_, "backward " + std::to_string(step + 1), tb, ta);
         if (nranks > 1)
-            recorder->complete(track_, "gradient exchange " + std::to_string(step), ta,
+            recorder->complete(track_, "gradient exchange " + std::to_string(step + 1), ta,
                                clock_type::now());
     }
     // The gradients narrowed to the chosen dtype (kept in host memory; widened lazily inside
@@ -327,7 +327,7 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
                 auto [u0, u1] = deferred.finish();
                 if (recorder)
                     recorder->complete(
-                        track_, "optimizer step (under backward " + std::to_string(step) + ")", u0,
+                        track_, "optimizer step (under backward " + std::to_string(step + 1) + ")", u0,
                         u1);
             } catch (const spillway::gradient_overflow_error& e) {
                 throw std::runtime_error(
@@ -366,7 +366,7 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
     }
     r.update_ms = ms_since(tu);
     if (recorder)
-        recorder->complete(track_, "update " + std::to_string(step), tu, clock_type::now());
+        recorder->complete(track_, "update " + std::to_string(step + 1), tu, clock_type::now());
     r.step_ms = ms_since(t0);
     state.next_step = step + 1;
     r.loss_scale = state.loss_scale;

@@ -170,13 +170,13 @@ class Arithmetic(unittest.TestCase):
         self.assertNotEqual(off[1], losses[1])  # one ulp survives %.9g
         same, why = s.loss_identity(off, losses)
         self.assertFalse(same)
-        self.assertIn("step 1", why)
+        self.assertIn("step 2", why)  # the second step; steps count from 1
         self.assertFalse(s.loss_identity(losses[:2], losses)[0])
         self.assertIsNone(s.loss_identity([], losses)[0])
         g = self.goals(self.rows(1 << 30, 1 << 30, large={"losses": off}),
                        refs={"gpt2": [1.0, 0.5], "gpt2-large": losses})
         self.assertFalse(g["losses"]["met"])
-        self.assertIn("GPT-2 774M step 1", g["losses"]["measured"])
+        self.assertIn("GPT-2 774M step 2", g["losses"]["measured"])
         g = self.goals(self.rows(1 << 30, 1 << 30))
         self.assertTrue(g["losses"]["met"])
 
@@ -385,7 +385,7 @@ class RealCgroup(unittest.TestCase):
         self.assertTrue(step["met"])
         ident = next(v for k, v in g.items() if "bit-identical" in k)
         self.assertFalse(ident["met"])  # 774M's last loss is one ulp off
-        self.assertIn("GPT-2 774M step 2", ident["measured"])
+        self.assertIn("GPT-2 774M step 3", ident["measured"])
         self.assertIn("GPT-2 124M identical", ident["measured"])
         growth = next(v for k, v in g.items() if "growth" in k)
         small, large = self.row("gpt2", "params"), self.row("gpt2-large", "params")

@@ -52,7 +52,7 @@ def main() -> int:
     steps = int(a.steps)
     fields = m.get("fields", "default")
     for i in range(steps):
-        obj = {"step": i, "loss": m["losses"][min(i, len(m["losses"]) - 1)],
+        obj = {"step": i + 1, "loss": m["losses"][min(i, len(m["losses"]) - 1)],
                "ms": m["ms"][min(i, len(m["ms"]) - 1)], "tokens_per_s": 1.0}
         if fields == "per_step":  # today's mini_gpt --offload params: the streams' bytes, no summary
             r, w = m.get("read_bytes", 0), m.get("write_bytes", 0)

@@ -23,8 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "spillway/config.hpp"
+#include "cli.hpp"
 #include "llmc_format.hpp"
+#include "spillway/config.hpp"
 #include "spillway/lock/owned_directory.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
@@ -92,7 +93,7 @@ result run(const std::filesystem::path& dir, std::vector<std::string> args) {
 }
 
 /// Runs mini_gpt with `args` (which must include --json) and kills it with SIGKILL once it
-/// reported `step`.
+/// reported `step` (counted from 1: that many steps are done).
 void kill_after_step(std::vector<std::string> args, int step) {
     int pipefd[2];
     REQUIRE(::pipe(pipefd) == 0);
@@ -258,6 +259,11 @@ TEST_CASE("bad input: exit status 2 and a one-line message naming the file and t
     }
     SUBCASE("bad flags") {
         expect_refused(run(d, {"--bogus"}), {"--bogus", "unknown flag"});
+        expect_refused(run(d, {"--bogus=3"}), {"--bogus", "unknown flag"});
+        expect_refused(run(d, {"--path", "a", "b"}), {"b", "unknown flag"});
+        expect_refused(run(d, {"--steps", "1", "--batch"}), {"--batch", "needs a value"});
+        expect_refused(run(d, {"--offload=disk"}), {"--offload", "disk"});
+        expect_refused(run(d, {"--batch=0x10"}), {"--batch", "0x10"});
         expect_refused(run(d, {"--offload", "disk"}), {"--offload", "disk"});
         expect_refused(run(d, {"--grad-dtype", "fp8"}), {"--grad-dtype", "fp8"});
         expect_refused(run(d, {"--update-under-forward", "maybe"}),
@@ -424,7 +430,7 @@ void check_killed_and_resumed(const std::vector<std::string>& mode) {
     auto want = json_losses(straight.out);
     REQUIRE(want.size() == static_cast<std::size_t>(steps));
 
-    // Start the same run with saves every 3 steps; kill it once it reported step 7.
+    // Start the same run with saves every 3 steps; kill it once it reported step 7 (of 1..10).
     auto args =
         common + std::vector<std::string>{"--save", (d / "saves").string(), "--save-every", "3"};
     kill_after_step(args, 7);
@@ -744,6 +750,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
         ++n;
     }
     CHECK(n == 3);
+    // Steps count from 1, as the progress line's "step 1/2" below and the saves' names do.
+    CHECK(json_values(r.out, "step") == std::vector<std::string>{"1", "2", "3"});
     for (const auto& cpu : json_values(r.out, "cpu_ms")) CHECK(std::stod(cpu) > 0);
     // The first update (ascending) ran under the second step's forward; the second
     // (descending) and the last did not; only a step after a deferred one can wait.
@@ -763,8 +771,8 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     auto trace = slurp(d / "trace.json");
     CHECK(trace.find("\"traceEvents\"") != std::string::npos);
     for (const char* name :
-         {"forward 0", "backward 2", "update 1", "gradient check", "optimizer step",
-          "optimizer step (under forward 1)", "save layer 1", "load layer 0"})
+         {"forward 1", "backward 3", "update 2", "gradient check", "optimizer step",
+          "optimizer step (under forward 2)", "save layer 1", "load layer 0"})
         CHECK(trace.find(name) != std::string::npos);
     // One process: no exchange between ranks, and only the file asked for.
     CHECK(trace.find("gradient exchange") == std::string::npos);
@@ -790,9 +798,115 @@ TEST_CASE("--json lines, the progress table, --trace and --help") {
     CHECK(table.out.find(std::string(openblas_get_corename()) + " kernels (") != std::string::npos);
     auto help = run(d, {"--help"});
     CHECK(help.status == 0);
+    CHECK(help.out == usage_text());
     CHECK(help.out.find("--offload") != std::string::npos);
     CHECK(help.out.find("--version") != std::string::npos);
+    // --help wins wherever it is, even beside a bad flag.
+    CHECK(run(d, {"--bogus", "-h"}).out == help.out);
     auto version = run(d, {"--version"});
     CHECK(version.status == 0);
     CHECK(version.out == "mini_gpt (Spillway " SPILLWAY_VERSION_STRING ")\n");
+}
+
+namespace {
+
+/// Every field of `o`, printed: two parses that give the same text gave the same options.
+std::string fields(const options& o) {
+    std::ostringstream s;
+    s << o.model << ' ' << o.data << ' ' << o.batch << ' ' << o.seq << ' ' << o.steps << ' ' << o.lr
+      << ' ' << o.beta1 << ' ' << o.beta2 << ' ' << o.eps << ' ' << o.weight_decay << ' ' << o.seed
+      << ' ' << o.threads << ' ' << o.save_model << ' ' << static_cast<int>(o.grads) << ' '
+      << offload_name(o.offload) << ' ' << o.memory_budget << ' ' << o.init << ' ' << o.lock_dir
+      << ' ' << o.act_split << ' ' << o.act_budget_mib << ' ' << o.act_recompute << ' '
+      << o.subgroup << ' ' << o.buffers << ' ' << o.update_under_forward << ' '
+      << o.update_under_backward << ' ' << o.ascending_order << ' ' << o.save_dir << ' '
+      << o.save_every << ' ' << o.resume_dir << ' ' << o.json << ' ' << o.quiet << ' ' << o.trace
+      << ' ' << o.layers << ' ' << o.channels << ' ' << o.heads << ' ' << o.vocab << ' '
+      << o.max_seq << ' ' << o.corpus_bytes << " paths";
+    for (const auto& p : o.paths) s << ' ' << p;
+    return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("every flag: --flag value and --flag=value give the same options, and --help lists it") {
+    struct row {
+        std::string flag, value;
+        std::vector<std::string> with;  // flags the row needs beside it
+    };
+    const std::vector<row> rows = {
+        {"--model", "m.bin", {}},
+        {"--init", "gpt2", {}},
+        {"--data", "d.bin", {}},
+        {"--corpus-bytes", "4096", {}},
+        {"--layers", "2", {}},
+        {"--channels", "64", {}},
+        {"--heads", "8", {}},
+        {"--vocab", "300", {}},
+        {"--max-seq", "32", {}},
+        {"--batch", "4", {}},
+        {"--seq", "32", {}},
+        {"--steps", "7", {}},
+        {"--lr", "1e-3", {}},
+        {"--beta1", "0.8", {}},
+        {"--beta2", "0.99", {}},
+        {"--eps", "1e-6", {}},
+        {"--wd", "0.1", {}},
+        {"--seed", "7", {}},
+        {"--threads", "3", {}},
+        {"--grad-dtype", "bf16", {}},
+        {"--offload", "all", {}},
+        {"--memory-budget", "800M", {"--offload", "params"}},
+        {"--path", "p", {}},
+        {"--lock-dir", "locks", {}},
+        {"--act-split", "2", {}},
+        {"--act-budget", "64", {}},
+        {"--act-recompute", "off", {}},
+        {"--subgroup", "2048", {}},
+        {"--buffers", "4", {}},
+        {"--update-under-forward", "off", {}},
+        {"--update-under-backward", "off", {}},
+        {"--order", "ascending", {}},
+        {"--save", "s", {}},
+        {"--save-every", "5", {}},
+        {"--resume", "r", {}},
+        {"--save-model", "out.bin", {}},
+        {"--trace", "t.json", {}},
+    };
+    const std::string help = usage_text();
+    for (const auto& r : rows) {
+        CAPTURE(r.flag);
+        const auto apart =
+            fields(parse_options(r.with + std::vector<std::string>{r.flag, r.value}));
+        CHECK(apart != fields(parse_options(r.with)));  // the flag changed something
+        CHECK(apart ==
+              fields(parse_options(r.with + std::vector<std::string>{r.flag + "=" + r.value})));
+        CHECK(help.find("\n  " + r.flag + " ") != std::string::npos);
+    }
+    for (const std::string flag : {"--json", "--quiet"}) {
+        CAPTURE(flag);
+        CHECK(fields(parse_options({flag})) != fields(parse_options({})));
+        CHECK(fields(parse_options({flag})) == fields(parse_options({flag + "=true"})));
+        CHECK(help.find("\n  " + flag + " ") != std::string::npos);
+    }
+    for (const char* s : {"-h,--help", "--version", "\"step\" counts from 1",
+                          "default 16; 1 to 1048576", "at least 1024", "3.5G"})
+        CHECK(help.find(s) != std::string::npos);
+
+    // A flag given twice keeps its last value; --path keeps every one.
+    CHECK(parse_options({"--batch", "2", "--batch=4"}).batch == 4);
+    CHECK(parse_options({"--path", "a", "--path=b"}).paths ==
+          std::vector<std::filesystem::path>{"a", "b"});
+    // Decimal only (CLI11 alone would read 010 as 8); the numbers are the ones std::stof reads.
+    CHECK(parse_options({"--batch", "010"}).batch == 10);
+    CHECK(parse_options({"--lr", "1e-3"}).lr == 1e-3f);
+    CHECK(parse_options({"--eps", "3e-9"}).eps == 3e-9f);
+    CHECK(parse_options({"--act-split", "offload"}).act_split == 1 << 30);
+    CHECK(parse_options({"--act-split", "adaptive", "--act-split=3"}).act_split == 3);
+    CHECK(parse_options({"--memory-budget=3.5G", "--offload=params"}).memory_budget ==
+          static_cast<std::size_t>(3.5 * 1024 * 1024 * 1024));
+    // --help and --version are answered before any flag is checked.
+    CHECK(help_or_version({"--steps", "3", "--version"}) == version_text());
+    CHECK(help_or_version({"--bogus", "--help"}) == help);
+    CHECK_FALSE(help_or_version({"--steps", "3"}).has_value());
 }
