@@ -41,7 +41,9 @@ The trainer's flags and JSON field names are in one table below (TRAINER_FLAGS, 
 TRAFFIC_PARTS, SUMMARY_FIELDS, PATH_FIELDS): each field is a list of accepted names, the first
 present wins. Today's mini_gpt --offload params prints, in each step's object, peak_rss_bytes
 (VmHWM so far), memory_budget and param_read_bytes, param_written_bytes, state_read_bytes,
-state_written_bytes (the step's bytes through the path), and no summary object with --json.
+state_written_bytes, act_read_bytes, act_written_bytes (the step's bytes through the path:
+the parameter and moment streams' and the activation stash's), and no summary object with
+--json.
 Exit status: 0 the benchmark ran (goals may be unmet: see the table), 1 a run failed other
 than by the cap (the table says which), 2 bad arguments, 3 no usable memory cgroup.
 Python 3 standard library only.
