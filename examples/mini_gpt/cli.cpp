@@ -325,7 +325,8 @@ void declare_flags(CLI::App& app, options& o) {
                                offload_mode::activations, offload_mode::all, offload_mode::params}),
         "what leaves memory: optimizer (AdamW's m and v), activations, all (both), or params "
         "(those and the parameters and gradients too: every layer's parameters and m, v "
-        "streamed from --path and updated layer by layer in backward; fp32 gradients only)");
+        "streamed from the --paths (layer l on path l mod P) and updated layer by layer: in "
+        "backward for fp32 and bf16 gradients, under the next forward for fp16)");
     t.custom("--memory-budget", o.memory_budget, "SIZE",
              "with --offload params: keep the process's peak RSS (VmHWM) under SIZE (e.g. 3.5G, "
              "800M; K, M, G, T = powers of 1024); too small a budget is refused naming the "
@@ -412,18 +413,8 @@ void validate(const options& o, const std::string& shape_flag) {
             bad_flag(shape_flag,
                      "the model's shape comes from --init " + o.init + "; drop " + shape_flag);
     }
-    // ---- --offload params (its gradient type, its start, its budget) ----
-    if (o.offload == offload_mode::params) {
-        if (o.grads != grad_dtype::fp32)
-            bad_flag("--grad-dtype", std::string("--offload params takes fp32 gradients only: ") +
-                                         "with fp16/bf16 an overflow must be found before the "
-                                         "first update, which a streamed update cannot do (see "
-                                         "docs/param_stream.md)");
-        if (!o.model.empty())
-            bad_flag("--model",
-                     "--offload params starts from --init or the default model "
-                     "(reading a checkpoint whole would exceed the memory budget)");
-    } else if (o.memory_budget > 0) {
+    // ---- --offload params (its budget; every --grad-dtype and --model are taken) ----
+    if (o.offload != offload_mode::params && o.memory_budget > 0) {
         bad_flag("--memory-budget", std::string("needs --offload params (the mode that plans ") +
                                         "every resident byte), got --offload " +
                                         offload_name(o.offload));

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -104,50 +106,95 @@ checkpoint read_checkpoint(const std::filesystem::path& path) {
     return parse_checkpoint(read_file(path), path);
 }
 
-checkpoint parse_checkpoint(std::span<const std::byte> file, const std::filesystem::path& path) {
+namespace {
+
+/// The config in a checkpoint's header (`head`: its first bytes, as many as there are up to
+/// the header's size), checked, with the file's size `file_size` checked against it.
+gpt2_config checkpoint_config(std::span<const std::byte> head, std::size_t file_size,
+                              const std::filesystem::path& path) {
     const std::size_t header_bytes = header_ints * sizeof(std::int32_t);
-    if (file.size() < header_bytes)
-        fail(path, "truncated checkpoint: " + std::to_string(file.size()) +
+    if (file_size < header_bytes)
+        fail(path, "truncated checkpoint: " + std::to_string(file_size) +
                        " bytes, shorter than the " + std::to_string(header_bytes) + "-byte header");
-    if (header_field(file, 0) != checkpoint_magic)
-        fail(path, "bad magic " + std::to_string(header_field(file, 0)) +
+    if (header_field(head, 0) != checkpoint_magic)
+        fail(path, "bad magic " + std::to_string(header_field(head, 0)) +
                        " (an llm.c checkpoint has " + std::to_string(checkpoint_magic) + ")");
-    if (header_field(file, 1) != checkpoint_version)
-        fail(path, "unsupported checkpoint version " + std::to_string(header_field(file, 1)) +
+    if (header_field(head, 1) != checkpoint_version)
+        fail(path, "unsupported checkpoint version " + std::to_string(header_field(head, 1)) +
                        " (only version 3, fp32, is read)");
-    checkpoint ck;
-    ck.config.max_seq_len = header_field(file, 2);
-    ck.config.vocab_size = header_field(file, 3);
-    ck.config.num_layers = header_field(file, 4);
-    ck.config.num_heads = header_field(file, 5);
-    ck.config.channels = header_field(file, 6);
-    ck.config.padded_vocab_size = header_field(file, 7);
+    gpt2_config config;
+    config.max_seq_len = header_field(head, 2);
+    config.vocab_size = header_field(head, 3);
+    config.num_layers = header_field(head, 4);
+    config.num_heads = header_field(head, 5);
+    config.channels = header_field(head, 6);
+    config.padded_vocab_size = header_field(head, 7);
     try {
-        ck.config.validate();
+        config.validate();
     } catch (const std::invalid_argument& e) {
         fail(path, std::string("bad model config in header: ") + e.what());
     }
-    param_layout layout(ck.config);
+    param_layout layout(config);
     std::size_t want = header_bytes + layout.total * sizeof(float);
-    if (file.size() != want)
-        fail(path, std::string(file.size() < want ? "truncated checkpoint"
-                                                  : "checkpoint has trailing bytes") +
-                       ": " + std::to_string(file.size()) + " bytes, the header's config needs " +
+    if (file_size != want)
+        fail(path, std::string(file_size < want ? "truncated checkpoint"
+                                                : "checkpoint has trailing bytes") +
+                       ": " + std::to_string(file_size) + " bytes, the header's config needs " +
                        std::to_string(want));
+    return config;
+}
+
+}  // namespace
+
+checkpoint parse_checkpoint(std::span<const std::byte> file, const std::filesystem::path& path) {
+    const std::size_t header_bytes = header_ints * sizeof(std::int32_t);
+    checkpoint ck;
+    ck.config =
+        checkpoint_config(file.first(std::min(file.size(), header_bytes)), file.size(), path);
+    param_layout layout(ck.config);
     ck.params.resize(layout.total);
     std::memcpy(ck.params.data(), file.data() + header_bytes, layout.total * sizeof(float));
     // A NaN or inf parameter makes every loss NaN and every step skip: refused here, named.
-    for (std::size_t i = 0; i < ck.params.size(); ++i)
-        if (!std::isfinite(ck.params[i])) {
+    check_finite_params(ck.params, 0, layout, path);
+    return ck;
+}
+
+gpt2_config read_checkpoint_config(const std::filesystem::path& path) {
+    spillway::unique_fd fd;
+    try {
+        fd = spillway::open_regular_file(path, "");
+    } catch (const std::system_error& e) {
+        throw input_error(e.what());
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat: " + errno_text(errno));
+    std::array<std::byte, header_ints * sizeof(std::int32_t)> head{};
+    std::size_t done = 0;
+    while (done < head.size()) {
+        const ssize_t n =
+            ::pread(fd.get(), head.data() + done, head.size() - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail(path, "read failed: " + errno_text(errno));
+        if (n == 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    return checkpoint_config(std::span<const std::byte>(head.data(), done),
+                             static_cast<std::size_t>(st.st_size), path);
+}
+
+void check_finite_params(std::span<const float> params, std::size_t llmc_offset,
+                         const param_layout& layout, const std::filesystem::path& path) {
+    for (std::size_t j = 0; j < params.size(); ++j)
+        if (!std::isfinite(params[j])) {
+            const std::size_t i = llmc_offset + j;
             int kind = 0;
             while (kind + 1 < num_param_tensors &&
                    layout.llmc_offsets[static_cast<std::size_t>(kind) + 1] <= i)
                 ++kind;
             fail(path, "parameter " + std::to_string(i) + " (in " +
                            param_names[static_cast<std::size_t>(kind)] + ") is " +
-                           (std::isnan(ck.params[i]) ? "NaN" : "infinite"));
+                           (std::isnan(params[j]) ? "NaN" : "infinite"));
         }
-    return ck;
 }
 
 std::array<std::int32_t, header_ints> llmc_header(const gpt2_config& c) {

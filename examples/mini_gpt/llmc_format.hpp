@@ -51,6 +51,16 @@ checkpoint read_checkpoint(const std::filesystem::path& path);
 /// The same, from the file's bytes already read (`path` names them in messages).
 checkpoint parse_checkpoint(std::span<const std::byte> file, const std::filesystem::path& path);
 
+/// The config of an llm.c fp32 checkpoint, from its header, with the file's size checked
+/// against it, without reading the parameters (--offload params reads them layer by layer,
+/// checking each with check_finite_params). Throws input_error as read_checkpoint does.
+gpt2_config read_checkpoint_config(const std::filesystem::path& path);
+/// Throws input_error naming `path`, the parameter's index in llm.c's order and its tensor
+/// when one of `params` (llm.c's floats from `llmc_offset` on) is NaN or infinite, as
+/// read_checkpoint does.
+void check_finite_params(std::span<const float> params, std::size_t llmc_offset,
+                         const param_layout& layout, const std::filesystem::path& path);
+
 /// Writes an llm.c fp32 checkpoint (mode 0600, atomically replaced).
 void write_checkpoint(const std::filesystem::path& path, const gpt2_config& config,
                       std::span<const float> params);

@@ -41,27 +41,48 @@ std::size_t status_field(const char* name) {
 
 memory_plan plan_memory(const memory_plan_inputs& in) {
     memory_plan p;
-    p.smallest_budget = in.baseline + in.fixed + in.smallest_param + in.smallest_state;
+    const std::size_t smallest = in.smallest_param + in.smallest_state + in.smallest_grads;
+    p.smallest_budget = in.baseline + in.fixed + smallest;
     if (in.budget < p.smallest_budget)
-        throw input_error(
-            "--memory-budget " + std::to_string(in.budget) + " bytes (" +
-            human_size(static_cast<double>(in.budget)) +
-            ") is too small: the smallest budget that works is " +
-            std::to_string(p.smallest_budget) + " bytes (" +
-            human_size(static_cast<double>(p.smallest_budget)) + ": the process " +
-            human_size(static_cast<double>(in.baseline)) + ", resident parts " +
-            human_size(static_cast<double>(in.fixed)) + ", one layer's params and m,v " +
-            human_size(static_cast<double>(in.smallest_param + in.smallest_state)) + ")");
-    const std::size_t rest = in.budget - in.baseline - in.fixed;
-    // Params take a third, m|v two thirds (their bytes), each within [smallest, total].
-    p.param_window =
-        std::clamp(rest / 3, in.smallest_param, std::max(in.param_total, in.smallest_param));
-    p.state_window = std::clamp(rest - p.param_window, in.smallest_state,
-                                std::max(in.state_total, in.smallest_state));
-    // Room m|v cannot use goes back to the params.
-    if (p.param_window + p.state_window < rest)
-        p.param_window =
-            std::min(std::max(in.param_total, in.smallest_param), rest - p.state_window);
+        throw input_error("--memory-budget " + std::to_string(in.budget) + " bytes (" +
+                          human_size(static_cast<double>(in.budget)) +
+                          ") is too small: the smallest budget that works is " +
+                          std::to_string(p.smallest_budget) + " bytes (" +
+                          human_size(static_cast<double>(p.smallest_budget)) + ": the process " +
+                          human_size(static_cast<double>(in.baseline)) + ", resident parts " +
+                          human_size(static_cast<double>(in.fixed)) +
+                          ", one layer's params and m,v" +
+                          (in.smallest_grads > 0 ? " and fp16 gradients " : " ") +
+                          human_size(static_cast<double>(smallest)) + ")");
+    // Each window its smallest, then the surplus in proportion to the bytes per parameter
+    // (params 4, m|v 8, fp16 gradients 2), each up to its total; then what is left over to
+    // whichever can still grow, params first.
+    struct window {
+        std::size_t* size;
+        std::size_t total, weight;
+    };
+    p.param_window = in.smallest_param;
+    p.state_window = in.smallest_state;
+    p.grad_window = in.smallest_grads;
+    window w[3] = {{&p.param_window, std::max(in.param_total, in.smallest_param), 4},
+                   {&p.state_window, std::max(in.state_total, in.smallest_state), 8},
+                   {&p.grad_window, std::max(in.grads_total, in.smallest_grads),
+                    in.smallest_grads > 0 ? 2u : 0u}};
+    const std::size_t surplus = in.budget - p.smallest_budget;
+    const std::size_t weights = w[0].weight + w[1].weight + w[2].weight;
+    std::size_t given = 0;
+    for (auto& x : w) {
+        const std::size_t share = surplus / weights * x.weight;
+        const std::size_t add = std::min(share, x.total - *x.size);
+        *x.size += add;
+        given += add;
+    }
+    for (auto& x : w) {
+        if (x.weight == 0) continue;
+        const std::size_t add = std::min(surplus - given, x.total - *x.size);
+        *x.size += add;
+        given += add;
+    }
     return p;
 }
 

@@ -9,8 +9,10 @@
 //     LayerNorm: params, grads, m, v), the layer gradient buffer, the model's activations
 //     outside the layer blocks (logits (B,T,Vp) the largest), the activation stash's budget
 //     and its working buffers, and a margin for the allocator, the I/O threads and OpenBLAS;
-//  3. the rest goes to the two streams in proportion to their bytes (params 1/3, m|v 2/3),
-//     each at least its smallest window (one layer) and at most its whole model.
+//  3. the rest goes to the windows: each first gets its smallest (one layer), then the
+//     surplus is shared in proportion to their bytes per parameter (params 4, m|v 8 and,
+//     with fp16 gradients, the gradient spill 2), each at most its whole model; what one
+//     cannot use goes to the others (params first). The windows never sum above the rest.
 // A budget below baseline + fixed + the smallest windows is refused (input_error, exit 2)
 // naming that sum: the smallest budget that works.
 #pragma once
@@ -31,10 +33,12 @@ struct memory_plan_inputs {
     std::size_t smallest_state = 0;
     std::size_t param_total = 0;  // the windows that hold every layer
     std::size_t state_total = 0;
+    std::size_t smallest_grads = 0;  // fp16: the gradient spill's (0: no spill)
+    std::size_t grads_total = 0;
 };
 
 struct memory_plan {
-    std::size_t param_window = 0, state_window = 0;
+    std::size_t param_window = 0, state_window = 0, grad_window = 0;
     std::size_t smallest_budget = 0;  // baseline + fixed + the smallest windows
 };
 

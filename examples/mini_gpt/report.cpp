@@ -30,6 +30,36 @@ std::string clock_text(double seconds) {
     return buf;
 }
 
+/// `s` as a JSON string, quotes included.
+std::string json_string(const std::string& s) {
+    std::string j = "\"";
+    for (const char ch : s) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (c == '"' || c == '\\') {
+            j += '\\';
+            j += ch;
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            j += buf;
+        } else {
+            j += ch;
+        }
+    }
+    return j + "\"";
+}
+
+/// A step's bytes per --path: the streams' on each, the activations' on the first.
+std::vector<stream_traffic::path_bytes> per_path(const stream_traffic& t,
+                                                 const activation_store::io_bytes& act) {
+    auto paths = t.paths;
+    if (!paths.empty()) {
+        paths[0].read += act.read;
+        paths[0].written += act.written;
+    }
+    return paths;
+}
+
 }  // namespace
 
 run_printer::run_printer(const options& opt, std::ostream& out, run_report* report,
@@ -86,6 +116,15 @@ void run_printer::step(const step_result& r) {
             report_->param_written.push_back(r.traffic.param_written);
             report_->state_read.push_back(r.traffic.state_read);
             report_->state_written.push_back(r.traffic.state_written);
+            report_->grad_read.push_back(r.traffic.grad_read);
+            report_->grad_written.push_back(r.traffic.grad_written);
+            std::vector<std::uint64_t> read, written;
+            for (const auto& p : per_path(r.traffic, r.act_traffic)) {
+                read.push_back(p.read);
+                written.push_back(p.written);
+            }
+            report_->path_read.push_back(std::move(read));
+            report_->path_written.push_back(std::move(written));
         }
     }
     if (r.streamed) {
@@ -93,6 +132,14 @@ void run_printer::step(const step_result& r) {
         totals_.traffic.param_written += r.traffic.param_written;
         totals_.traffic.state_read += r.traffic.state_read;
         totals_.traffic.state_written += r.traffic.state_written;
+        totals_.traffic.grad_read += r.traffic.grad_read;
+        totals_.traffic.grad_written += r.traffic.grad_written;
+        const auto paths = per_path(r.traffic, r.act_traffic);
+        totals_.traffic.paths.resize(paths.size());
+        for (std::size_t i = 0; i < paths.size(); ++i) {
+            totals_.traffic.paths[i].read += paths[i].read;
+            totals_.traffic.paths[i].written += paths[i].written;
+        }
         totals_.act_traffic.read += r.act_traffic.read;
         totals_.act_traffic.written += r.act_traffic.written;
     }
@@ -130,16 +177,32 @@ void run_printer::step(const step_result& r) {
             std::snprintf(buf, sizeof buf,
                           ",\"peak_rss_bytes\":%zu,\"memory_budget\":%zu,\"param_read_bytes\":%llu,"
                           "\"param_written_bytes\":%llu,\"state_read_bytes\":%llu,"
-                          "\"state_written_bytes\":%llu,\"act_read_bytes\":%llu,"
+                          "\"state_written_bytes\":%llu,\"grad_read_bytes\":%llu,"
+                          "\"grad_written_bytes\":%llu,\"act_read_bytes\":%llu,"
                           "\"act_written_bytes\":%llu}\n",
                           r.peak_rss, opt_.memory_budget,
                           static_cast<unsigned long long>(r.traffic.param_read),
                           static_cast<unsigned long long>(r.traffic.param_written),
                           static_cast<unsigned long long>(r.traffic.state_read),
                           static_cast<unsigned long long>(r.traffic.state_written),
+                          static_cast<unsigned long long>(r.traffic.grad_read),
+                          static_cast<unsigned long long>(r.traffic.grad_written),
                           static_cast<unsigned long long>(r.act_traffic.read),
                           static_cast<unsigned long long>(r.act_traffic.written));
-            line = line.substr(0, line.size() - 2) + buf;  // (before the closing "}\n")
+            // Per --path (in --path order): what the step read from and wrote to it, the
+            // streams' layers l mod P on path l and the activations on the first.
+            std::string paths = ",\"paths\":[";
+            const auto bytes = per_path(r.traffic, r.act_traffic);
+            for (std::size_t i = 0; i < bytes.size(); ++i) {
+                char part[96];
+                std::snprintf(part, sizeof part, ",\"read_bytes\":%llu,\"write_bytes\":%llu}",
+                              static_cast<unsigned long long>(bytes[i].read),
+                              static_cast<unsigned long long>(bytes[i].written));
+                paths += std::string(i > 0 ? "," : "") +
+                         "{\"path\":" + json_string(i < path_names_.size() ? path_names_[i] : "") +
+                         part;
+            }
+            line = line.substr(0, line.size() - 2) + paths + "]" + buf;  // (before "}\n")
         }
         out_ << line << std::flush;
     } else if (!opt_.quiet) {
@@ -184,6 +247,7 @@ void run_printer::summary(const step_runner& steps, const activation_store& stor
             report_->peak_rss = peak_rss;
             report_->param_window = param_window;
             report_->state_window = state_window;
+            report_->grad_window = streamed->grad_resident_bytes();
             report_->param_peak = streamed->param_stats().peak_resident_bytes;
             report_->state_peak = streamed->state_stats().peak_resident_bytes;
         }
@@ -243,15 +307,35 @@ void run_printer::summary(const step_runner& steps, const activation_store& stor
              << "; params window " << human_bytes(static_cast<double>(param_window)) << " (peak "
              << human_bytes(static_cast<double>(ps.peak_resident_bytes)) << "), m,v window "
              << human_bytes(static_cast<double>(state_window)) << " (peak "
-             << human_bytes(static_cast<double>(ss.peak_resident_bytes)) << ")\n";
+             << human_bytes(static_cast<double>(ss.peak_resident_bytes)) << ")"
+             << (streamed->grad_resident_bytes() > 0
+                     ? ", fp16 gradients " +
+                           human_bytes(static_cast<double>(streamed->grad_resident_bytes()))
+                     : std::string())
+             << "\n";
         const auto& t = totals_.traffic;
         out_ << "  path per step   params read "
              << human_bytes(static_cast<double>(t.param_read) / n) << ", written "
              << human_bytes(static_cast<double>(t.param_written) / n) << "; m,v read "
              << human_bytes(static_cast<double>(t.state_read) / n) << ", written "
-             << human_bytes(static_cast<double>(t.state_written) / n) << "; activations read "
+             << human_bytes(static_cast<double>(t.state_written) / n)
+             << (t.grad_read + t.grad_written > 0
+                     ? "; fp16 gradients read " +
+                           human_bytes(static_cast<double>(t.grad_read) / n) + ", written " +
+                           human_bytes(static_cast<double>(t.grad_written) / n)
+                     : std::string())
+             << "; activations read "
              << human_bytes(static_cast<double>(totals_.act_traffic.read) / n) << ", written "
              << human_bytes(static_cast<double>(totals_.act_traffic.written) / n) << "\n";
+        for (std::size_t i = 0; i < t.paths.size(); ++i)
+            out_ << (i == 0 ? "  per path        " : "                  ")
+                 << (i < path_names_.size() ? path_names_[i] : std::to_string(i)) << ": read "
+                 << human_bytes(static_cast<double>(t.paths[i].read) / n) << ", written "
+                 << human_bytes(static_cast<double>(t.paths[i].written) / n) << " per step ("
+                 << (t.paths.size() > 1
+                         ? "layers " + std::to_string(i) + " mod " + std::to_string(t.paths.size())
+                         : std::string("every layer"))
+                 << (i == 0 ? ", the activations" : "") << ")\n";
         std::snprintf(buf, sizeof buf,
                       "  stream waits    params %.1f ms, m,v %.1f ms per step (acquires that "
                       "found their layer not yet read)\n",

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "gpt2.hpp"
 #include "step.hpp"
@@ -24,6 +25,9 @@ public:
     run_printer(const options& opt, std::ostream& out, run_report* report, const gpt2& model,
                 std::size_t layer_act_bytes);
 
+    /// --offload params: the names of the streams' paths (--path order), for the per-path
+    /// bytes of each step and of the summary.
+    void stream_paths(std::vector<std::string> names) { path_names_ = std::move(names); }
     /// The line before the first step (not with --json or --quiet).
     void header(int threads, const std::string& data_name, std::size_t tokens);
     /// One step: the progress line or the JSON object, and the totals.
@@ -49,12 +53,14 @@ private:
         std::size_t act_peak = 0;        // after the first step (the stash profiles on it)
         std::size_t act_peak_first = 0;  // the first step
         int steps = 0, skipped = 0;
-        stream_traffic traffic;  // --offload params: the streams' bytes over every step
+        stream_traffic traffic;  // --offload params: the streams' bytes over every step (per
+                                 // path: with the activations' on the first path)
         activation_store::io_bytes act_traffic;  // and the activation stash's
     } totals_;
     float first_loss_, last_loss_;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     int lines_ = 0;  // progress lines printed: the mean step time behind the estimate
+    std::vector<std::string> path_names_;  // stream_paths()
 };
 
 }  // namespace mini_gpt

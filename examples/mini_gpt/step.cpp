@@ -163,10 +163,14 @@ step_runner::step_runner(parts p)
 step_runner::~step_runner() = default;
 
 step_result step_runner::train_step_streamed(std::int64_t step, train_state& state) {
-    // The same stages as train_step, with the update inside backward (streamed_params.hpp):
-    //  1. the batch; 2. forward, each layer's params from the stream; 3. backward, each layer
-    //  updated (after its gradients are summed over the ranks) as soon as they are final;
-    //  4. the ends updated in memory; the loss summed over the ranks.
+    // The same stages as train_step, with the update where the verdict allows it
+    // (streamed_params.hpp):
+    //  1. the batch; 2. forward, each layer's params from the stream (fp16: with the last
+    //  step's pending update applied first); 3. backward, each layer's gradients summed over
+    //  the ranks as soon as they are final, then (fp32, bf16) the layer updated, or (fp16)
+    //  narrowed into the spill and checked; 4. end_step: the ends updated in memory, and
+    //  (fp16) the verdict: on overflow the step is skipped, else the layers' update is
+    //  pending; the loss summed over the ranks; 5. dynamic loss scaling as train_step's.
     const options& opt = p_.opt;
     streamed_params& sp = *p_.streamed;
     gpt2& model = p_.model;
@@ -183,20 +187,39 @@ step_result step_runner::train_step_streamed(std::int64_t step, train_state& sta
     p_.store.reset_peak();
     auto tf = clock_type::now();
     const float local_loss = model.forward(inputs_.data(), targets_.data(), rows, T, p_.store);
-    sp.begin_step(state.adam_steps + 1);
+    sp.begin_step(state.adam_steps + 1, state.loss_scale);
     auto tb = clock_type::now();
     model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), p_.store);
     auto tu = clock_type::now();
-    sp.update_ends();
-    ++state.adam_steps;
+    r.finite = sp.end_step();
+    if (r.finite) ++state.adam_steps;
     r.loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
+    if (opt.grads == grad_dtype::fp16) {  // as train_step's step 6
+        if (!r.finite) {
+            state.loss_scale = std::max(1.0f, state.loss_scale / 2);
+            state.good_steps = 0;
+        } else if (++state.good_steps >= 500) {
+            state.loss_scale *= 2;
+            state.good_steps = 0;
+        }
+    }
+    const bool deferred = opt.grads == grad_dtype::fp16;
     if (p_.recorder) {
         p_.recorder->complete(track_, "forward " + std::to_string(step + 1), tf, tb);
-        p_.recorder->complete(track_, "backward and layer updates " + std::to_string(step + 1), tb, tu);
-        p_.recorder->complete(track_, "update of the ends " + std::to_string(step + 1), tu,
-                              clock_type::now());
+        p_.recorder->complete(
+            track_,
+            (deferred ? "backward " : "backward and layer updates ") + std::to_string(step + 1), tb,
+            tu);
+        p_.recorder->complete(
+            track_,
+            (deferred ? "verdict and update of the ends " : "update of the ends ") +
+                std::to_string(step + 1),
+            tu, clock_type::now());
     }
-    r.under_backward = true;
+    // fp16: the layers' update runs in the next forward (or before a save); else in backward.
+    r.deferred = deferred && r.finite;
+    r.under_backward = !deferred;
+    if (r.deferred) ++steps_deferred_;
     r.update_ms = ms_since(tu);
     r.io_wait_ms = model.times().act_wait_ms;
     r.step_ms = ms_since(t0);

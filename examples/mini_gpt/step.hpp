@@ -84,7 +84,9 @@ public:
 
 private:
     class deferred_update;
-    /// train_step for --offload params: each layer updated in backward (streamed_params).
+    /// train_step for --offload params (streamed_params): each layer updated in backward
+    /// (fp32, bf16), or, with fp16 and its loss scale, checked in backward and updated in the
+    /// next forward once every rank's verdict is in (an overflow skips the step as here).
     step_result train_step_streamed(std::int64_t step, train_state& state);
     parts p_;
     spillway::index_range shard_;  // this rank's parameters

@@ -5,8 +5,10 @@
 #include "trainer.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -18,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "blas_kernels.hpp"
@@ -93,9 +96,13 @@ spillway::owned_directory make_temp_paths() {
     }
 }
 
-/// The model: read from --model, or the default config initialised from --seed.
+/// The model: read from --model, or the default config initialised from --seed. With
+/// --offload params only --model's header is read here (the streams read the parameters
+/// layer by layer: streamed_params::load_model).
 gpt2_config model_config(const options& opt, std::vector<float>& init_params) {
     gpt2_config config;
+    if (!opt.model.empty() && opt.offload == offload_mode::params)
+        return read_checkpoint_config(opt.model);
     if (!opt.model.empty()) {
         checkpoint ck = read_checkpoint(opt.model);
         init_params = std::move(ck.params);
@@ -174,15 +181,16 @@ void check_same_run(const options& opt, const train_state& state,
             "saves differ); give every rank the same flags and files");
 }
 
-/// Writes the streams' first state (the GPT-2 init and zero moments), printing the bytes
-/// written and the rate about every two seconds on a large model.
+/// Writes the streams' first state (the GPT-2 init, or --model's parameters, and zero
+/// moments), printing the bytes written and the rate about every two seconds on a large
+/// model.
 void write_first_state(streamed_params& sp, const options& opt, std::ostream& out) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     auto last = t0;
     const bool show = !opt.quiet && !opt.json;
     std::size_t shown_total = 0;
-    sp.init_gpt2(opt.seed, [&](std::size_t done, std::size_t total) {
+    const streamed_params::progress_fn progress = [&](std::size_t done, std::size_t total) {
         const auto now = clock::now();
         if (!show || (now - last < std::chrono::seconds(2) && done < total)) return;
         if (done == total && shown_total == 0) return;  // fast: no progress lines at all
@@ -193,7 +201,34 @@ void write_first_state(streamed_params& sp, const options& opt, std::ostream& ou
             << human_size(static_cast<double>(total)) << " ("
             << human_size(static_cast<double>(done) / std::max(s, 1e-9)) << "/s)\n"
             << std::flush;
-    });
+    };
+    if (opt.model.empty())
+        sp.init_gpt2(opt.seed, progress);
+    else
+        sp.load_model(opt.model, progress);
+}
+
+/// --save-model with --offload params: the llm.c checkpoint written layer by layer from the
+/// streams (no model-sized buffer, so the budget holds to the end), through `file`.tmp
+/// (created anew, mode 0600, fsynced) renamed over `file`, as write_checkpoint does.
+void write_streamed_model(streamed_params& sp, const std::filesystem::path& file) {
+    auto tmp = file;
+    tmp += ".tmp";
+    if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+        throw input_error(file.string() + ": cannot remove the stale " + tmp.string() + ": " +
+                          std::strerror(errno));
+    try {
+        sp.write_llmc(tmp);
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    if (::rename(tmp.c_str(), file.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        throw input_error(file.string() + ": rename from " + tmp.string() +
+                          " failed: " + std::strerror(err));
+    }
 }
 
 }  // namespace
@@ -328,19 +363,22 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     std::unique_ptr<activation_store> store;
     // --offload params: the memory plan, the free space, the streams and their first state.
     std::unique_ptr<streamed_params> streamed;
-    std::size_t param_window = 0, state_window = 0;
+    std::size_t param_window = 0, state_window = 0, grad_window = 0;
     if (offload_params) {
+        const bool fp16 = opt.grads == grad_dtype::fp16;  // (the gradient spill's window)
         const std::size_t least_p = streamed_params::smallest_param_window(config),
-                          least_s = streamed_params::smallest_state_window(config);
+                          least_s = streamed_params::smallest_state_window(config),
+                          least_g = fp16 ? streamed_params::smallest_grad_window(config) : 0;
         const std::size_t all_p = spillway::charge_of(streamed_params::layer_param_bytes(config)) *
                                   static_cast<std::size_t>(config.num_layers),
                           all_s = spillway::charge_of(streamed_params::layer_state_bytes(config)) *
-                                  static_cast<std::size_t>(config.num_layers);
+                                  static_cast<std::size_t>(config.num_layers),
+                          all_g = least_g * static_cast<std::size_t>(config.num_layers);
         if (opt.memory_budget > 0) {
             memory_plan_inputs in;
             in.budget = opt.memory_budget;
             in.baseline = opt.baseline_rss > 0 ? opt.baseline_rss : peak_rss_bytes();
-            in.fixed = streamed_params::resident_bytes(config) +
+            in.fixed = streamed_params::resident_bytes(config, opt.grads) +
                        model_scratch_bytes(config, local_rows, T) +
                        stash_resident_bytes(config, local_rows, T, opt.act_recompute) +
                        memory_margin(threads);
@@ -348,31 +386,60 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             in.smallest_state = least_s;
             in.param_total = all_p;
             in.state_total = all_s;
+            in.smallest_grads = least_g;
+            in.grads_total = all_g;
             const memory_plan plan = plan_memory(in);
             param_window = plan.param_window;
             state_window = plan.state_window;
+            grad_window = plan.grad_window;
         } else {  // two layers each: one computed, one read or written
             param_window = std::min(all_p, 2 * least_p);
             state_window = std::min(all_s, 2 * least_s);
+            grad_window = std::min(all_g, 2 * least_g);
         }
-        // The path must hold every layer's params and m,v, the activations and the file
-        // tier's spare files (two replaced blobs).
-        const std::size_t need = streamed_params::stored_bytes(config) +
-                                 stash_stored_bytes(config, local_rows, T, opt.act_recompute) +
-                                 2 * streamed_params::layer_state_bytes(config);
-        const std::size_t free = free_bytes(paths.front());
-        if (free < need)
-            throw input_error(
-                paths.front().string() + ": " + human_size(static_cast<double>(need)) +
-                " needed for the model's state (params 4 B + m,v 8 B per streamed parameter: " +
-                human_size(static_cast<double>(streamed_params::stored_bytes(config))) +
-                "; activations and spare files: " +
-                human_size(static_cast<double>(need - streamed_params::stored_bytes(config))) +
-                "), only " + human_size(static_cast<double>(free)) + " free");
+        // Each path must hold its layers' params and m,v (and fp16 gradients: layer l on
+        // path l mod P, striped_tier) and the file tier's spare files (two replaced blobs);
+        // the first one the activations too. Paths on one file system share its free space.
+        std::vector<std::size_t> need(paths.size()), stored(paths.size());
+        std::vector<dev_t> device(paths.size(), 0);
+        for (std::size_t i = 0; i < paths.size(); ++i) {
+            stored[i] = streamed_params::stored_bytes_on(config, opt.grads, i, paths.size());
+            need[i] = stored[i] + 2 * streamed_params::layer_state_bytes(config) +
+                      (i == 0 ? stash_stored_bytes(config, local_rows, T, opt.act_recompute) : 0);
+            struct stat st {};
+            if (::stat(paths[i].c_str(), &st) == 0) device[i] = st.st_dev;
+        }
+        for (std::size_t i = 0; i < paths.size(); ++i) {
+            std::size_t together = 0;  // this path's and those on its file system
+            std::string others;
+            for (std::size_t j = 0; j < paths.size(); ++j) {
+                if (j != i && (device[j] != device[i] || device[i] == 0)) continue;
+                together += need[j];
+                if (j != i) others += (others.empty() ? "" : ", ") + paths[j].string();
+            }
+            const std::size_t free = free_bytes(paths[i]);
+            if (free < together)
+                throw input_error(
+                    paths[i].string() + ": " + human_size(static_cast<double>(need[i])) +
+                    " needed for the model's state (params 4 B + m,v 8 B" +
+                    (fp16 ? " + fp16 gradients 2 B" : "") + " per streamed parameter" +
+                    (paths.size() > 1 ? " of its layers, " + std::to_string(i) + " mod " +
+                                            std::to_string(paths.size())
+                                      : std::string()) +
+                    ": " + human_size(static_cast<double>(stored[i])) + "; " +
+                    (i == 0 ? "activations and spare files: " : "spare files: ") +
+                    human_size(static_cast<double>(need[i] - stored[i])) + ")" +
+                    (others.empty() ? std::string()
+                                    : ", " + human_size(static_cast<double>(together)) +
+                                          " with --path " + others + " on the same file system") +
+                    ", only " + human_size(static_cast<double>(free)) + " free");
+        }
         streamed_params_settings sps;
-        sps.path = paths.front();
+        sps.paths = paths;
         sps.param_window = param_window;
         sps.state_window = state_window;
+        sps.grad_window = grad_window;
+        sps.grads = opt.grads;
         sps.adam = os.adam;
         sps.pool = &pool;
         sps.reduce_gradients = nranks > 1;
@@ -412,6 +479,11 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     const std::size_t layer_act_bytes = layer_acts::floats(config, local_rows, T) * sizeof(float) *
                                         static_cast<std::size_t>(config.num_layers);
     run_printer printer(opt, out, report, model, layer_act_bytes);
+    if (streamed) {
+        std::vector<std::string> names;
+        for (const auto& p : paths) names.push_back(p.string());
+        printer.stream_paths(std::move(names));
+    }
     printer.header(threads, data_name, tokens.size());
     step_runner steps(
         {opt, tokens, model, *optim, *store, rows, shards, recorder.get(), streamed.get()});
@@ -425,9 +497,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     }
 
     // 7. The end: --save-model, the trace and the summary.
-    if (!opt.save_model.empty() && rank == 0)
-        write_checkpoint(opt.save_model, config,
-                         streamed ? streamed->llmc_params() : model.llmc_params());
+    if (!opt.save_model.empty() && rank == 0) {
+        if (streamed)
+            write_streamed_model(*streamed, opt.save_model);
+        else
+            write_checkpoint(opt.save_model, config, model.llmc_params());
+    }
     if (recorder) {
         try {
             recorder->save(trace_file);

@@ -109,9 +109,15 @@ struct run_report {
     // --offload params: the plan and what the streams did (0 otherwise).
     std::size_t memory_budget = 0, peak_rss = 0;  // --memory-budget, VmHWM at the end
     std::size_t param_window = 0, state_window = 0;
+    std::size_t grad_window = 0;                 // fp16: the gradient spill's buffers
     std::size_t param_peak = 0, state_peak = 0;  // the streams' peak resident bytes
-    // Bytes per step to and from the path: params read, written; m|v read, written.
+    // Bytes per step to and from the path: params read, written; m|v read, written; the
+    // fp16 gradient spill's read, written.
     std::vector<std::uint64_t> param_read, param_written, state_read, state_written;
+    std::vector<std::uint64_t> grad_read, grad_written;
+    // Per step, per --path (in --path order): everything read from and written to it (the
+    // streams' layers l mod P on path l; the activations on the first).
+    std::vector<std::vector<std::uint64_t>> path_read, path_written;
 };
 
 /// Runs training; progress to `out`. Throws input_error (bad input) or other exceptions.

@@ -772,15 +772,8 @@ TEST_CASE("--init names the standard GPT-2 sizes") {
     CHECK_THROWS_AS(parse_options({"--init", "gpt2", "--layers", "3"}), input_error);
 }
 
-TEST_CASE("--offload params refusals: fp16/bf16 gradients, a budget without it, no space") {
-    for (const char* d : {"fp16", "bf16"}) {
-        const auto m = message_of([&] {
-            parse_options({"--offload", "params", "--grad-dtype", d});
-        });
-        INFO(m);
-        CHECK(m.find("fp32 gradients only") != std::string::npos);
-        CHECK(m.find("overflow must be found before the first update") != std::string::npos);
-    }
+TEST_CASE("--offload params refusals: a budget without it, no space") {
+    // (fp16/bf16 gradients and --model are taken: params_dtypes_test.cpp)
     CHECK(message_of([] {
               parse_options({"--memory-budget", "1G"});
           }).find("needs --offload params") != std::string::npos);
