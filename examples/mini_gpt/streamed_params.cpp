@@ -40,11 +40,21 @@ std::size_t ends_floats(const param_layout& layout, int L) {
     return (emb.second - emb.first) + (lnf.second - lnf.first);
 }
 
-spillway::param_stream_options stream_options(std::size_t window, const char* prefix) {
+/// The params stream's options, or with `moments` the m|v stream's: updated only in
+/// backward's (or, for fp16, the next forward's) walk, which its layer numbering makes
+/// descending (visit_pattern::backward_only), and prefetched one layer ahead, so Belady's
+/// rule keeps the rest of its window across steps (fewer bytes than reading further ahead,
+/// which gives up layers the next step needs: measured slower at 350M under 2 GiB).
+spillway::param_stream_options stream_options(std::size_t window, const char* prefix,
+                                              bool moments = false) {
     spillway::param_stream_options o;
     o.memory_budget = window;
     o.held_layers = 1;  // backward holds the layer it computes and updates, nothing more
     o.key_prefix = prefix;
+    if (moments) {
+        o.pattern = spillway::visit_pattern::backward_only;
+        o.prefetch_depth = 1;
+    }
     return o;
 }
 
@@ -462,7 +472,7 @@ streamed_params::streamed_params(const gpt2_config& c, const streamed_params_set
     // 1. This process's folder under each path (what a killed run left there is removed),
     //    and a file tier in it, named by its path; the striped tier over them.
     if (s.paths.empty()) throw std::invalid_argument("streamed_params: no path");
-    std::vector<std::unique_ptr<striped_tier::child_type>> children;
+    std::vector<std::unique_ptr<striped_tier::child_type>> children, state_children;
     for (const auto& path : s.paths) {
         const auto dir = path / "mini_gpt-params";
         std::error_code ec;
@@ -474,19 +484,28 @@ streamed_params::streamed_params(const gpt2_config& c, const streamed_params_set
             folders_.push_back(spillway::owned_directory::create(dir, "proc-"));
             spillway::file_tier_options fo;
             fo.name = path.string();
-            children.push_back(
-                std::make_unique<striped_tier::child_type>(folders_.back().path(), fo));
+            // Two file tiers: params (and the fp16 spill), and m|v. Each has its own I/O
+            // queue (a tier's queue is FIFO, so a demand read of params never waits behind
+            // the m|v stream's transfers) and its own spare files, of its own blobs' size.
+            for (const char* sub : {"params", "moments"}) {
+                const auto at = folders_.back().path() / sub;
+                std::filesystem::create_directory(at);
+                std::filesystem::permissions(at, std::filesystem::perms::owner_all);
+                (sub[0] == 'p' ? children : state_children)
+                    .push_back(std::make_unique<striped_tier::child_type>(at, fo));
+            }
         } catch (const std::system_error& e) {
             throw input_error(dir.string() + ": cannot use it for the parameters: " + e.what());
         }
     }
     tier_ = std::make_unique<tier_type>(std::move(children));
+    state_tier_ = std::make_unique<tier_type>(std::move(state_children));
     // 2. The streams: params (4 B/param) and m|v (8 B/param), one blob per layer each; with
     //    fp16 the gradient spill (2 B/param).
     params_ = std::make_unique<stream_type>(*tier_, layer_sizes(c, sizeof(float)),
                                             stream_options(s.param_window, "params"));
-    state_ = std::make_unique<stream_type>(*tier_, layer_sizes(c, 2 * sizeof(float)),
-                                           stream_options(s.state_window, "adam"));
+    state_ = std::make_unique<stream_type>(*state_tier_, layer_sizes(c, 2 * sizeof(float)),
+                                           stream_options(s.state_window, "adam", true));
     const auto L = static_cast<std::size_t>(c.num_layers);
     if (s.grads == grad_dtype::fp16) {
         const std::size_t least = smallest_grad_window(c);
@@ -513,6 +532,7 @@ streamed_params::~streamed_params() {
     spill_.reset();  // (erase their blobs)
     state_.reset();
     params_.reset();
+    state_tier_.reset();
     tier_.reset();
     folders_.clear();
     for (const auto& dir : dirs_) {
@@ -838,8 +858,8 @@ stream_traffic streamed_params::traffic() const {
                      spill_ ? spill_->bytes_written() : 0,
                      {}};
     for (std::size_t i = 0; i < tier_->child_count(); ++i) {
-        const auto c = tier_->child(i).stats();
-        t.paths.push_back({c.bytes_read, c.bytes_written});
+        const auto c = tier_->child(i).stats(), m = state_tier_->child(i).stats();
+        t.paths.push_back({c.bytes_read + m.bytes_read, c.bytes_written + m.bytes_written});
     }
     return t;
 }

@@ -106,8 +106,8 @@ private:
 };
 
 struct streamed_params_settings {
-    /// Every --path: the streams' files go in <path>/mini_gpt-params/proc-*, layer l's on
-    /// paths[l mod P] (striped_tier).
+    /// Every --path: the streams' files go in <path>/mini_gpt-params/proc-*/{params,moments}
+    /// (two striped_tiers: params and the fp16 spill, and m|v), layer l's on paths[l mod P].
     std::vector<std::filesystem::path> paths;
     std::size_t param_window = 0;  // the params stream's memory budget (bytes)
     std::size_t state_window = 0;  // the m|v stream's memory budget (bytes)
@@ -263,7 +263,8 @@ private:
     streamed_params_settings s_;
     std::vector<std::filesystem::path> dirs_;         // <path>/mini_gpt-params, per path
     std::vector<spillway::owned_directory> folders_;  // this process's folder in each
-    std::unique_ptr<tier_type> tier_;
+    std::unique_ptr<tier_type> tier_;        // params (and the fp16 spill)
+    std::unique_ptr<tier_type> state_tier_;  // m|v
     std::unique_ptr<stream_type> params_, state_;
     std::unique_ptr<grad_spill> spill_;  // fp16 only
     // The ends: wte | wpe | lnfw | lnfb in one block each (params, grads, m, v).
