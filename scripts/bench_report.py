@@ -655,31 +655,43 @@ def figure_tier_bandwidth(cells, rep: BenchReport, ctx: Context) -> str:
 
 # ---- Virtual tier -----------------------------------------------------------------------------
 
-_AGG_ROW = re.compile(r"^BM_aggregate/(\d+)")
+_AGG_ROW = re.compile(r"^BM_aggregate(?:_(12_2_1|mixed))?/(\d+)")
+_AGG_KIND = {None: "400 and 200 MB/s", "12_2_1": "12:2:1 of the disk", "mixed": "mixed sizes"}
 _CONTENTION_ROW = re.compile(r"^BM_contention/(\d+)/(\d+)")
 VIRTUAL_GOAL = 0.9
 
 
 def render_virtual_tier(rep: BenchReport, ctx: Context) -> SectionOutput:
     (agg, cont), rest = classify(rep.rows, _AGG_ROW, _CONTENTION_ROW)
-    aggregate = [(int(m.group(1)), r) for m, r in agg]
+    # (paths, what the row is, row): the blobs of 8 MiB over 400 and 200 MB/s paths, the same
+    # over paths at 12:2:1 of the disk, and blobs of mixed sizes.
+    aggregate = [(int(m.group(2)), _AGG_KIND[m.group(1)], r) for m, r in agg]
     contention = [(int(m.group(1)), "node_lock" if m.group(2) == "1" else "null_lock", r) for m, r in cont]
     out, heads = [], []
     if aggregate:
-        most = max(n for n, _ in aggregate)
+        most = max(n for n, _, _ in aggregate)
         body = []
-        for n, r in aggregate:
+        for n, kind, r in aggregate:
             paths = [fmt(mb(r.get(f"B{i}")), 0) for i in range(1, most + 1)]
-            body.append([str(n)] + paths + [fmt(mb(r.get("limit_bytes_per_second")), 0),
-                                            fmt(mb(r.get("bytes_per_second")), 0), fmt(r.get("vs_limit")), fmt_cv(r),
-                                            verdict(at_least(r.get("vs_limit"), VIRTUAL_GOAL))])
-        headers = ["paths"] + [f"B{i} MB/s" for i in range(1, most + 1)] + ["sum MB/s", "virtual tier MB/s",
-                                                                          "vs_limit", "cv", "goal"]
+            lo, hi = r.get("vs_limit_min"), r.get("vs_limit_max")
+            steady = r.get("steady_iterations")
+            body.append([str(n), kind] + paths + [
+                fmt(mb(r.get("limit_bytes_per_second")), 0), fmt(mb(r.get("vt_bytes_per_second",
+                                                                           r.get("bytes_per_second"))), 0),
+                fmt(r.get("vs_limit")), f"{lo:.2f}–{hi:.2f}" if lo is not None and hi is not None else "–",
+                fmt(r.get("vs_limit_steady")) + (f" ({steady:.0f})" if steady is not None else ""),
+                fmt(r.get("placement")), verdict(at_least(r.get("vs_limit"), VIRTUAL_GOAL))])
+        headers = (["paths", "paths and blobs"] + [f"B{i} MB/s" for i in range(1, most + 1)] +
+                   ["sum MB/s", "virtual tier MB/s", "vs_limit", "range", "steady disk", "placement", "goal"])
         out.append("**Paths together** (B1: the disk path, B2 and B3: the throttled /dev/shm paths, each measured "
-                   "alone; `vs_limit` = virtual tier over their sum):\n\n" + md_table(headers, body))
-        ratios = [r.get("vs_limit") for _, r in aggregate if r.get("vs_limit") is not None]
+                   "alone, medians; `vs_limit` = virtual tier over their sum, the median of the iterations, "
+                   "*range* their smallest and largest; *steady disk*: the median of the iterations whose disk "
+                   "kept its speed within 10% across the iteration (how many); *placement*: what the bytes "
+                   "placed on each path would reach at the paths' alone speeds):\n\n" +
+                   md_table(headers, body, numeric_from=2))
+        ratios = [r.get("vs_limit") for _, _, r in aggregate if r.get("vs_limit") is not None]
         heads.append(Headline("Virtual tier against the sum of its paths", f"≥ {VIRTUAL_GOAL}",
-                              ", ".join(f"{n} paths {fmt(r.get('vs_limit'))}" for n, r in aggregate),
+                              ", ".join(f"{n} paths ({kind}) {fmt(r.get('vs_limit'))}" for n, kind, r in aggregate),
                               all(x >= VIRTUAL_GOAL for x in ratios) if ratios else None))
     if contention:
         body = [[str(p), lock, fmt(mb(r.get("aggregate_bytes_per_second")), 0), fmt(r.get("vs_limit")),
@@ -697,13 +709,14 @@ def render_virtual_tier(rep: BenchReport, ctx: Context) -> SectionOutput:
 
 def figure_virtual(aggregate, contention, rep: BenchReport, ctx: Context) -> str:
     panels = (1 if aggregate else 0) + (1 if contention else 0)
-    fig, axes = subplots(1, panels, squeeze=False, figsize=(5.2 * panels, 3.6))
+    wide = 0.7 * max(0, len(aggregate) - 2)  # room for each aggregate row past two
+    fig, axes = subplots(1, panels, squeeze=False, figsize=(5.2 * panels + wide, 3.6))
     ax_i = 0
     if aggregate:
         ax = axes[0][ax_i]
         ax_i += 1
         colors = ["tab:blue", "tab:cyan", "tab:olive", "tab:gray"]
-        for k, (n, r) in enumerate(aggregate):
+        for k, (n, _, r) in enumerate(aggregate):
             bottom = 0.0
             for i in range(1, n + 1):
                 v = mb(r.get(f"B{i}")) or 0.0
@@ -711,10 +724,11 @@ def figure_virtual(aggregate, contention, rep: BenchReport, ctx: Context) -> str
                        label=("disk path alone" if i == 1 else f"/dev/shm path {i - 1} alone") if k == len(aggregate) - 1
                        else None)
                 bottom += v
-            bar = ax.bar(k + 0.2, mb(r.get("bytes_per_second")) or 0.0, 0.38, color="tab:orange",
+            bar = ax.bar(k + 0.2, mb(r.get("vt_bytes_per_second", r.get("bytes_per_second"))) or 0.0, 0.38,
+                         color="tab:orange",
                          label="virtual tier over them" if k == 0 else None)
             annotate_bars(ax, bar, [f"{fmt(r.get('vs_limit'))} of the sum"])
-        ax.set_xticks(range(len(aggregate)), [f"{n} paths" for n, _ in aggregate])
+        ax.set_xticks(range(len(aggregate)), [f"{n} paths\n{kind}" for n, kind, _ in aggregate], fontsize=7)
         ax.set_ylabel("MB/s (write then read back)")
         ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
         ax.set_title("Virtual tier (orange) against its paths measured alone (stacked)", fontsize=9)
@@ -1624,7 +1638,7 @@ SECTIONS = [
             "scripts/dev bench tiers", render_tiers, "File tier against fio",
             "add `--full` for every block size from 128 KiB to 64 MiB and queue depth from 1 to 64"),
     Section("virtual_tier", "The virtual tier against the sum of its paths", "bench/bench_virtual_tier.cpp",
-            "scripts/dev bench virtual_tier --benchmark_repetitions=5 --benchmark_report_aggregates_only=true",
+            "scripts/dev bench virtual_tier --benchmark_repetitions=2 --benchmark_report_aggregates_only=true",
             render_virtual_tier, "Virtual tier against the sum of its paths"),
     Section("adam", "The AdamW step against the memory roofline", "bench/bench_adam.cpp",
             "scripts/dev bench adam --benchmark_repetitions=5 --benchmark_min_time=0.3 "

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/support/tier_io.hpp: one-line tier transfers that fail the test case on a short count,
-// the message an operation ends with, and a virtual tier's options with fixed placement.
+// the message an operation ends with, a virtual tier's options with fixed placement, and
+// where its keys went (keys and bytes per child).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -43,6 +44,26 @@ inline std::string message_of(io_completion c) {
 
 inline bool has(const std::string& s, std::string_view part) {
     return s.find(part) != std::string::npos;
+}
+
+/// The test keys "k0", "k1", ...
+inline std::string key_of(std::size_t i) {
+    return std::string("k") + std::to_string(i);
+}
+
+/// The keys a virtual tier counts on each child (its report()).
+template <class Tier>
+std::vector<std::size_t> keys_per_child(const Tier& t) {
+    std::vector<std::size_t> out;
+    for (auto& r : t.report()) out.push_back(r.keys);
+    return out;
+}
+/// The bytes a virtual tier counts on each child (its report()).
+template <class Tier>
+std::vector<std::size_t> bytes_per_child(const Tier& t) {
+    std::vector<std::size_t> out;
+    for (auto& r : t.report()) out.push_back(r.bytes);
+    return out;
 }
 
 /// A virtual tier's options with the given bandwidths and placement fixed by them.

@@ -36,17 +36,6 @@ using namespace spillway::test;
 namespace {
 constexpr std::size_t KiB = 1024, MiB = 1024 * 1024;
 
-std::string key_of(std::size_t i) {
-    return std::string("k") + std::to_string(i);
-}
-
-template <class Tier>
-std::vector<std::size_t> keys_per_child(const Tier& t) {
-    std::vector<std::size_t> out;
-    for (auto& r : t.report()) out.push_back(r.keys);
-    return out;
-}
-
 using throttled_host = throttled_tier<host_tier>;
 throttle_config limit(double bytes_per_second, std::size_t burst) {
     return throttle_config::separate({bytes_per_second, burst}, {bytes_per_second, burst});
@@ -683,10 +672,21 @@ TEST_CASE("virtual_tier: many threads, mixed sizes, every blob round-trips; stat
     CHECK(moved == s.bytes_written);
     stored = vt.used();
     CHECK(stored == s.bytes_written);
-    // Keys arrive one by one, so the counts track the split of the running total: within one
-    // of the final split (largest remainder is not house-monotone for three paths).
-    auto want = split_by_bandwidth(threads * per, {2.0, 1.0, 1.0});
-    auto got = keys_per_child(vt);
-    for (std::size_t i = 0; i < 3; ++i) CHECK(got[i] + 1 >= want[i]);
-    for (std::size_t i = 0; i < 3; ++i) CHECK(got[i] <= want[i] + 1);
+    // Placement balances bytes over weights (finish times), key by key as they arrive: each
+    // child ends within one blob below and n - 1 blobs above its ideal share of the bytes
+    // (the child that finishes last took its last key when no other would have finished it
+    // sooner).
+    const double w[] = {2, 1, 1};
+    const std::size_t largest = 1 + (threads - 1) * 977 + (per - 1) * 131;
+    std::size_t total_bytes = 0;
+    for (auto& r : vt.report()) total_bytes += r.bytes;
+    CHECK(total_bytes == stored);
+    const std::size_t used[] = {vt.child<0>().used(), vt.child<1>().used(), vt.child<2>().used()};
+    for (auto& r : vt.report()) {
+        const double ideal = static_cast<double>(stored) * w[r.index] / 4;
+        CAPTURE(r.index);
+        CHECK(static_cast<double>(r.bytes) + static_cast<double>(largest) >= ideal);
+        CHECK(static_cast<double>(r.bytes) <= ideal + 2.0 * static_cast<double>(largest));
+        CHECK(r.bytes == used[r.index]);
+    }
 }

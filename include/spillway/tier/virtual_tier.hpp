@@ -13,9 +13,11 @@
 ///   virtual_tier<thread_lock, std::vector<file_tier<>>> vt(opts, paths);
 ///
 /// Guarantees (the storage_tier contract holds, plus):
-///  - Placement. Each key lives on one child. A write splits all keys over the healthy
-///    children with room in proportion to their weights and keeps the key where it is while
-///    its child is not above its share. Weights are options.bandwidths or probed, and follow
+///  - Placement. Each key lives on one child, whole. A write goes to the healthy child with
+///    room that would finish its keys soonest with this blob among them (a child's finish
+///    time: the bytes of its keys over its weight), and stays where it is unless another
+///    child would finish strictly sooner (detail/placement.hpp; the rule in numbered steps in
+///    docs/design.md). Weights are options.bandwidths or probed, and follow
 ///    the measured bandwidth in placement_mode::adaptive: each child's moving average of
 ///    bytes over busy time as its own stats() count them (the tier's timing of its calls
 ///    for a child that counts nothing). A rewrite is the move: the old copy
@@ -287,6 +289,7 @@ public:
                            .health = s.health,
                            .fault = s.fault,
                            .keys = index_.keys_on(i),
+                           .bytes = index_.bytes_on(i),
                            .read_bandwidth = s.est[rd].bytes_per_second(),
                            .write_bandwidth = s.est[wr].bytes_per_second(),
                            .weight = w[i],
@@ -294,7 +297,10 @@ public:
         }
         return out;
     }
-    /// The share of `count` keys each child should hold now (0 for degraded children).
+    /// The ideal share of `count` keys of one size for each child now, as split_by_bandwidth
+    /// gives it (0 for degraded children). A guide, not the rule: placement balances the
+    /// children's finish times in bytes (see the header comment), which for keys of one size
+    /// ends at these counts or at a split of whole keys whose pass ends no later.
     [[nodiscard]] std::vector<std::size_t> target_split(std::size_t count) const {
         std::lock_guard lock(mutex_);
         std::vector<double> w = weights();
@@ -453,14 +459,14 @@ private:
     }
 
     /// The child a write of `nbytes` should go to, avoiding `exclude`; nullopt when no
-    /// healthy child with room is left (detail::place_key).
+    /// healthy child with room is left (detail::place_key: by finish time, in bytes).
     std::optional<std::size_t> place(std::size_t nbytes, const detail::key_entry* current,
                                      const std::vector<std::size_t>& exclude) {
         const std::size_t n = slots_.size();
         const auto w = weights();
         std::vector<detail::placement_child> children(n);
         for (std::size_t i = 0; i < n; ++i) {
-            children[i].keys = index_.keys_on(i);
+            children[i].bytes = index_.bytes_on(i);
             children[i].weight = w[i];
             if (slots_[i]->health != child_health::healthy) continue;
             if (std::find(exclude.begin(), exclude.end(), i) != exclude.end()) continue;
@@ -472,8 +478,8 @@ private:
                 {.capacity = child_cap, .used = child_used, .pending = slots_[i]->pending}, old,
                 nbytes);
         }
-        std::size_t total = index_.size() + (current ? 0 : 1);
-        return detail::place_key(children, total, current ? current->placed() : std::nullopt);
+        if (!current) return detail::place_key(children, nbytes, std::nullopt);
+        return detail::place_key(children, nbytes, current->placed(), current->counted_size());
     }
 
     // ---- submission (under mutex_) ----
@@ -502,7 +508,7 @@ private:
                     bytes_str(cap) + ", " + bytes_str(used_now) + " used)" + health_summary())));
         }
         pending_ += bytes.size();
-        index_.start_write(key, *target);
+        index_.start_write(key, *target, bytes.size());
         auto op = std::make_unique<operation>(io_direction::write, key, bytes.size(), *target);
         op->in = bytes;
         slots_[op->child]->pending += op->nbytes;

@@ -77,6 +77,7 @@ struct child_report {
     child_health health = child_health::healthy;  ///< degraded after a failure, until restore()
     std::string fault;                            ///< the error that degraded the child, if any
     std::size_t keys = 0;        ///< keys placed on the child (including writes in flight)
+    std::size_t bytes = 0;       ///< their bytes (a write in flight at its new size)
     double read_bandwidth = 0;   ///< moving average, bytes per second (0: not measured yet)
     double write_bandwidth = 0;  ///< moving average, bytes per second (0: not measured yet)
     double weight = 0;           ///< placement weight now (bytes per second, or the given ratio)

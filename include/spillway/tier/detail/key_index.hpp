@@ -2,11 +2,13 @@
 /// @file
 /// spillway/tier/detail/key_index.hpp: the virtual tier's in-memory index of keys: which
 /// child holds each key's committed copy, which child a write in flight goes to, how many
-/// keys each child is counted for, and which old copies are stale.
+/// keys and bytes each child is counted for, and which old copies are stale.
 ///
 /// Guarantees:
 ///  - A key is counted on exactly one child: the target of its write in flight, else its
-///    home (the child of its committed copy); keys_on(i) is the number counted on child i.
+///    home (the child of its committed copy); keys_on(i) is the number counted on child i,
+///    bytes_on(i) their bytes: the size of the write in flight for a key counted on its
+///    target, else its committed size (placement balances these, detail/placement.hpp).
 ///  - An entry exists only while its key has a home or a target.
 ///  - A stale copy is an old copy that its child refused to erase after a rewrite moved the
 ///    key; it is remembered per key and child until forget_stale() or take_stale().
@@ -28,9 +30,12 @@ struct key_entry {
     std::size_t size = 0;               ///< bytes of the committed blob
     std::optional<std::size_t> home;    ///< child holding the committed copy
     std::optional<std::size_t> target;  ///< child of the write in flight
+    std::size_t target_size = 0;        ///< bytes of the write in flight (with `target`)
 
     /// The child the key is counted on: the target of a write in flight, else its home.
     [[nodiscard]] std::optional<std::size_t> placed() const { return target ? target : home; }
+    /// The bytes the key is counted for on placed().
+    [[nodiscard]] std::size_t counted_size() const noexcept { return target ? target_size : size; }
 };
 
 /// The index of the file comment.
@@ -40,7 +45,7 @@ public:
     using iterator = map_type::iterator;
 
     /// An empty index over `children` children.
-    explicit key_index(std::size_t children = 0) : keys_(children, 0) {}
+    explicit key_index(std::size_t children = 0) : keys_(children, 0), bytes_(children, 0) {}
 
     [[nodiscard]] iterator find(std::string_view key) { return entries_.find(std::string(key)); }
     [[nodiscard]] iterator end() noexcept { return entries_.end(); }
@@ -48,19 +53,26 @@ public:
     [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
     /// The keys counted on child i.
     [[nodiscard]] std::size_t keys_on(std::size_t i) const { return keys_.at(i); }
+    /// The bytes of the keys counted on child i (see the file comment).
+    [[nodiscard]] std::size_t bytes_on(std::size_t i) const { return bytes_.at(i); }
 
     /// Adds a key whose committed copy of `nbytes` a child already held. The key is unknown.
     iterator adopt(std::string_view key, std::size_t nbytes, std::size_t child) {
-        ++keys_[child];
-        return entries_.emplace(std::string(key), key_entry{nbytes, child, std::nullopt}).first;
+        auto it = entries_.emplace(std::string(key), key_entry{nbytes, child, std::nullopt}).first;
+        count(it->second, +1);
+        return it;
     }
 
-    /// A write of `key` goes to `child`: it is counted there (no longer where it was).
-    void start_write(std::string_view key, std::size_t child) {
+    /// A write of `key` (`nbytes`) goes to `child`: it is counted there, for `nbytes` (no
+    /// longer where it was).
+    void start_write(std::string_view key, std::size_t child, std::size_t nbytes) {
         auto it = entries_.find(std::string(key));
         if (it == entries_.end()) it = entries_.emplace(std::string(key), key_entry{}).first;
-        move_count(it->second.placed(), child);
-        it->second.target = child;
+        auto& e = it->second;
+        count(e, -1);
+        e.target = child;
+        e.target_size = nbytes;
+        count(e, +1);
     }
 
     /// The write of `key` in flight moves to `child` (fail-over); nothing when the key was
@@ -68,25 +80,28 @@ public:
     void retarget(const std::string& key, std::size_t child) {
         auto it = entries_.find(key);
         if (it == entries_.end()) return;
-        move_count(it->second.placed(), child);
-        it->second.target = child;
+        auto& e = it->second;
+        count(e, -1);
+        if (!e.target) e.target_size = e.size;
+        e.target = child;
+        count(e, +1);
     }
 
-    /// The write of `key` (`nbytes`) completed on `child`: its home, counted there (also when
-    /// the key was erased meanwhile: the write wins), and no longer a stale copy there.
+    /// The write of `key` (`nbytes`) completed on `child`: its home, counted there for
+    /// `nbytes` (also when the key was erased meanwhile: the write wins), and no longer a
+    /// stale copy there.
     /// @return the previous home, if any
     std::optional<std::size_t> commit_write(const std::string& key, std::size_t child,
                                             std::size_t nbytes) {
         auto it = entries_.find(key);
-        if (it == entries_.end()) {
-            it = entries_.emplace(key, key_entry{}).first;
-            ++keys_[child];
-        }
+        if (it == entries_.end()) it = entries_.emplace(key, key_entry{}).first;
         auto& e = it->second;
+        count(e, -1);
         auto old = e.home;
         e.home = child;
         e.target.reset();
         e.size = nbytes;
+        count(e, +1);
         forget_stale(key, child);
         return old;
     }
@@ -95,9 +110,11 @@ public:
     void revert_write(const std::string& key) {
         auto it = entries_.find(key);
         if (it == entries_.end()) return;
-        move_count(it->second.placed(), it->second.home);
-        it->second.target.reset();
-        if (!it->second.home) entries_.erase(it);
+        auto& e = it->second;
+        count(e, -1);
+        e.target.reset();
+        count(e, +1);
+        if (!e.home) entries_.erase(it);
     }
 
     /// A read found the key gone from `child`: forgotten, unless a write of it is in flight
@@ -105,14 +122,14 @@ public:
     void forget_vanished(const std::string& key, std::size_t child) {
         auto it = entries_.find(key);
         if (it == entries_.end() || it->second.home != child || it->second.target) return;
-        --keys_[child];
+        count(it->second, -1);
         entries_.erase(it);
     }
 
     /// Removes the entry; returns the key's home.
     std::optional<std::size_t> erase(iterator it) {
         auto home = it->second.home;
-        if (auto placed = it->second.placed()) --keys_[*placed];
+        count(it->second, -1);
         entries_.erase(it);
         return home;
     }
@@ -150,14 +167,23 @@ public:
     }
 
 private:
-    void move_count(const std::optional<std::size_t>& from, const std::optional<std::size_t>& to) {
-        if (from) --keys_[*from];
-        if (to) ++keys_[*to];
+    // Adds (+1) or removes (-1) the entry's count, and its counted bytes, on placed().
+    void count(const key_entry& e, int sign) {
+        const auto at = e.placed();
+        if (!at) return;
+        if (sign > 0) {
+            ++keys_[*at];
+            bytes_[*at] += e.counted_size();
+        } else {
+            --keys_[*at];
+            bytes_[*at] -= e.counted_size();
+        }
     }
 
     map_type entries_;
     std::unordered_map<std::string, std::vector<std::size_t>> stale_;  // copies owed an erase
     std::vector<std::size_t> keys_;                                    // per child
+    std::vector<std::size_t> bytes_;                                   // per child
 };
 
 }  // namespace spillway::detail

@@ -9,12 +9,20 @@
 ///    measured; a child not measured yet keeps its given bandwidth scaled by the mean
 ///    measured-over-given ratio of the children that have both (unscaled when none has);
 ///    a child with neither gets 0.
-///  - place_key(): the shares n_i of all keys (split_by_bandwidth over the weights of the
-///    eligible children) decide. The key stays on its current child while that child is
-///    eligible, has a positive weight and is not above its share; otherwise it goes to the
-///    eligible child of positive weight furthest below its share (ties to the lower index).
-///    When every eligible child has weight 0, they share equally: better a slow child than
-///    a lost blob. No eligible child: std::nullopt.
+///  - place_key(): placement by finish time, in bytes. A child's finish time is the bytes of
+///    the keys counted on it over its weight: how long it takes to move its keys once (one
+///    pass). The key goes to the candidate (an eligible child of positive weight) that would
+///    finish earliest with the key on it, and stays on its current child unless another
+///    candidate would finish strictly earlier (ties go to the current child, then to the
+///    lower index). When every eligible child has weight 0, they count as equal: better a
+///    slow child than a lost blob. No eligible child: std::nullopt.
+///    Why not shares of keys: rounding a 12:2:1 ratio to whole keys can give the slowest
+///    child one key more than its share, and that key decides when the pass ends; and with
+///    keys of mixed sizes, key counts say little about time. Under this rule no key moves
+///    once every key is where the rule puts it (a move makes the moved key finish strictly
+///    earlier, so moves stop). Once settled, with keys of one size the split is the best one
+///    of whole keys (no other ends the pass sooner); with mixed sizes the last child finishes
+///    at most n * S / W after the ideal (n children, S the largest key, W the weights' sum).
 ///  - has_room(): a child has room when its used bytes, less the key's copy there, plus the
 ///    writes already headed there, leave nbytes free; sums saturate at SIZE_MAX.
 /// The reasoning is in docs/design.md ("Multi-path offload").
@@ -26,8 +34,6 @@
 #include <optional>
 #include <span>
 #include <vector>
-
-#include "spillway/tier/bandwidth_split.hpp"
 
 namespace spillway::detail {
 
@@ -92,46 +98,55 @@ inline bool has_room(const child_space& space, std::size_t replaced_nbytes,
 struct placement_child {
     /// Whether the key may go there: healthy, not excluded from this write, and has_room().
     bool eligible = false;
-    /// The child's placement weight (placement_weights()).
+    /// The child's placement weight (placement_weights()), bytes per second or any ratio.
     double weight = 0;
-    /// Keys counted on the child, the key being placed included when it is counted there.
-    std::size_t keys = 0;
+    /// Bytes of the keys counted on the child, the key being placed included (at the bytes it
+    /// is counted for) when it is counted there.
+    std::size_t bytes = 0;
 };
 
-/// The child a key goes to (see the file comment).
-/// @param children  every child, in index order
-/// @param key_count the keys to split over the children, this one included
-/// @param current   the child the key is counted on now (std::nullopt for a new key)
+/// The child a write of `nbytes` goes to (see the file comment: placement by finish time).
+/// @param children      every child, in index order
+/// @param nbytes        the size of the blob being written
+/// @param current       the child the key is counted on now (std::nullopt for a new key)
+/// @param counted_bytes the bytes the key is counted for on `current` (its committed size, or
+///                      the size of a write in flight); ignored without `current`
 /// @return the child's index, or std::nullopt when no child is eligible
 inline std::optional<std::size_t> place_key(std::span<const placement_child> children,
-                                            std::size_t key_count,
-                                            std::optional<std::size_t> current) {
+                                            std::size_t nbytes, std::optional<std::size_t> current,
+                                            std::size_t counted_bytes = 0) {
     const std::size_t n = children.size();
     std::vector<double> w(n, 0);
     bool any = false, any_weight = false;
     for (std::size_t i = 0; i < n; ++i) {
         if (!children[i].eligible) continue;
         any = true;
-        w[i] = children[i].weight;
+        w[i] = children[i].weight > 0 ? children[i].weight : 0;
         any_weight = any_weight || w[i] > 0;
     }
     if (!any) return std::nullopt;
     if (!any_weight)
         for (std::size_t i = 0; i < n; ++i) w[i] = children[i].eligible ? 1.0 : 0.0;
-    const auto share = split_by_bandwidth(key_count, w);
-    // Keys on child i besides this one.
-    auto others = [&](std::size_t i) { return children[i].keys - (current == i ? 1 : 0); };
-    if (current && *current < n && children[*current].eligible && w[*current] > 0 &&
-        others(*current) + 1 <= share[*current])
-        return current;
+    // Child i's finish time with the key on it: its other keys' bytes plus this blob's.
+    auto finish = [&](std::size_t i) {
+        std::size_t others = children[i].bytes;
+        if (current == i) others -= std::min(others, counted_bytes);
+        return (static_cast<double>(others) + static_cast<double>(nbytes)) / w[i];
+    };
     std::optional<std::size_t> best;
-    double best_gap = -std::numeric_limits<double>::infinity();
+    double best_finish = std::numeric_limits<double>::infinity();
+    if (current && *current < n && w[*current] > 0) {
+        best = current;
+        best_finish = finish(*current);
+    }
     for (std::size_t i = 0; i < n; ++i) {
-        if (!children[i].eligible || w[i] == 0) continue;
-        double gap = static_cast<double>(share[i]) - static_cast<double>(others(i));
-        if (gap > best_gap) {
-            best_gap = gap;
+        if (w[i] == 0 || i == current) continue;
+        const double f = finish(i);
+        // Strictly earlier by more than rounding, so that ties keep the key where it is (or
+        // at the lower index) on every machine.
+        if (!best || f < best_finish * (1 - 1e-12)) {
             best = i;
+            best_finish = f;
         }
     }
     return best;
