@@ -16,33 +16,12 @@
 #include "llmc_format.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
+#include "trainer_support.hpp"
 
 using namespace mini_gpt;
+using namespace mini_gpt::testing;
 
 namespace {
-
-std::string slurp(const std::filesystem::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-int run(const std::vector<std::string>& args, const std::filesystem::path& out) {
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        if (!std::freopen(out.c_str(), "w", stdout)) ::_exit(126);
-        if (!std::freopen((out.string() + ".err").c_str(), "w", stderr)) ::_exit(126);
-        std::vector<std::string> copy = args;
-        std::vector<char*> argv;
-        for (auto& a : copy) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        ::execvp(argv[0], argv.data());
-        ::_exit(127);
-    }
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 std::vector<double> losses(const std::string& out) {
     std::vector<double> v;

@@ -20,8 +20,10 @@
 #include "streamed_params.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
+#include "trainer_support.hpp"
 
 using namespace mini_gpt;
+using namespace mini_gpt::testing;
 
 namespace {
 
@@ -44,36 +46,6 @@ options tiny(const std::filesystem::path& scratch) {
 }
 
 const gpt2_config tiny_config{16, 256, 256, 3, 4, 32};
-
-std::vector<float> run(const options& o) {
-    std::ostringstream out;
-    return train(o, out);
-}
-
-std::vector<char> file_bytes(const std::filesystem::path& p) {
-    REQUIRE_MESSAGE(std::filesystem::exists(p), p.string() << " was not written");
-    std::ifstream f(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-std::string message_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
-/// The smallest budget train() names when refusing `o` with a budget of one byte.
-std::size_t smallest_budget_of(options o) {
-    o.memory_budget = 1;
-    const std::string m = message_of([&] { run(o); });
-    const std::string key = "the smallest budget that works is ";
-    const auto at = m.find(key);
-    REQUIRE_MESSAGE(at != std::string::npos, m);
-    return std::stoull(m.substr(at + key.size()));
-}
 
 /// `o` with --offload params and the smallest budget: every layer leaves memory.
 options streamed_smallest(options o) {

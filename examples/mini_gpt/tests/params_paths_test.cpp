@@ -13,8 +13,10 @@
 #include "streamed_params.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
+#include "trainer_support.hpp"
 
 using namespace mini_gpt;
+using namespace mini_gpt::testing;
 
 namespace {
 
@@ -34,21 +36,6 @@ options tiny(const std::filesystem::path& scratch) {
     o.paths = {scratch / "p1", scratch / "p2"};
     o.lock_dir = scratch / "locks";
     return o;
-}
-
-std::vector<char> file_bytes(const std::filesystem::path& p) {
-    REQUIRE_MESSAGE(std::filesystem::exists(p), p.string() << " was not written");
-    std::ifstream f(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-std::string message_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 std::size_t files_under(const std::filesystem::path& dir) {

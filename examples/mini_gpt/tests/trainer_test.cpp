@@ -22,8 +22,10 @@
 #include "streamed_params.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer.hpp"
+#include "trainer_support.hpp"
 
 using namespace mini_gpt;
+using namespace mini_gpt::testing;
 
 namespace {
 
@@ -44,19 +46,6 @@ options tiny(const std::filesystem::path& scratch) {
     o.paths = {scratch / "p1", scratch / "p2"};
     o.lock_dir = scratch / "locks";  // not /dev/shm: the scratch directory goes after the test
     return o;
-}
-
-std::vector<float> run(const options& o) {
-    std::ostringstream out;
-    return train(o, out);
-}
-
-/// The bytes of `p`, which must exist (each run below writes its model to a path of its
-/// own, so a run that failed to write cannot pass by an older run's file).
-std::vector<char> file_bytes(const std::filesystem::path& p) {
-    REQUIRE_MESSAGE(std::filesystem::exists(p), p.string() << " was not written");
-    std::ifstream f(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 /// Runs `o` as given, then with `mode` and each --act-split choice: every run must give the
@@ -547,30 +536,6 @@ TEST_CASE(
 namespace {
 
 /// The smallest budget train() names when refusing `o` with a budget of one byte.
-std::size_t smallest_budget_of(options o) {
-    o.memory_budget = 1;
-    try {
-        run(o);
-    } catch (const input_error& e) {
-        const std::string m = e.what();
-        const std::string key = "the smallest budget that works is ";
-        const auto at = m.find(key);
-        REQUIRE_MESSAGE(at != std::string::npos, m);
-        return std::stoull(m.substr(at + key.size()));
-    }
-    FAIL("a budget of one byte was accepted");
-    return 0;
-}
-
-std::string message_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
 /// Runs `command` (stderr merged); returns its output and sets `status` to its exit status.
 std::string run_command(const std::string& command, int& status) {
     std::string out;
