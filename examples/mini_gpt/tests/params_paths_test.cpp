@@ -20,23 +20,7 @@ using namespace mini_gpt::testing;
 
 namespace {
 
-options tiny(const std::filesystem::path& scratch) {
-    options o;
-    o.layers = 3;
-    o.channels = 32;
-    o.heads = 4;
-    o.max_seq = 16;
-    o.seq = 16;
-    o.batch = 4;
-    o.steps = 4;
-    o.lr = 1e-3f;
-    o.threads = 2;
-    o.quiet = true;
-    o.corpus_bytes = 1 << 14;
-    o.paths = {scratch / "p1", scratch / "p2"};
-    o.lock_dir = scratch / "locks";
-    return o;
-}
+options tiny(const std::filesystem::path& scratch) { return tiny_options(scratch, 3, 4, 2); }
 
 std::size_t files_under(const std::filesystem::path& dir) {
     std::size_t n = 0;

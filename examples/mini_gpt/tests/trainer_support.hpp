@@ -22,6 +22,33 @@
 
 namespace mini_gpt::testing {
 
+/// A tiny model (C 32, 4 heads, T 16, B 4, 2 threads, quiet, a 16 KiB corpus) of `layers`
+/// layers for `steps` steps, with --path scratch/p1 .. p<paths> and its locks in scratch
+/// (not /dev/shm: the scratch directory goes after the test).
+inline options tiny_options(const std::filesystem::path& scratch, int layers, int steps,
+                            int paths) {
+    options o;
+    o.layers = layers;
+    o.channels = 32;
+    o.heads = 4;
+    o.max_seq = 16;
+    o.seq = 16;
+    o.batch = 4;
+    o.steps = steps;
+    o.lr = 1e-3f;
+    o.threads = 2;
+    o.quiet = true;
+    o.corpus_bytes = 1 << 14;
+    o.paths.clear();
+    for (int i = 1; i <= paths; ++i) {
+        std::string name = "p";
+        name += std::to_string(i);
+        o.paths.push_back(scratch / name);
+    }
+    o.lock_dir = scratch / "locks";
+    return o;
+}
+
 /// train(o) with its output discarded; the losses.
 inline std::vector<float> run(const options& o) {
     std::ostringstream out;

@@ -30,21 +30,8 @@ using namespace mini_gpt::testing;
 namespace {
 
 options tiny(const std::filesystem::path& scratch) {
-    options o;
-    o.layers = 2;
-    o.channels = 32;
-    o.heads = 4;
-    o.max_seq = 16;
-    o.seq = 16;
-    o.batch = 4;
-    o.steps = 4;
-    o.lr = 1e-3f;
-    o.threads = 2;
-    o.quiet = true;
-    o.corpus_bytes = 1 << 14;
+    options o = tiny_options(scratch, 2, 4, 2);
     o.subgroup = 5000;  // several subgroups (the tiny model has ~30k params)
-    o.paths = {scratch / "p1", scratch / "p2"};
-    o.lock_dir = scratch / "locks";  // not /dev/shm: the scratch directory goes after the test
     return o;
 }
 
