@@ -567,14 +567,24 @@ TEST_CASE(
     CHECK(report.state_peak <= report.state_window);
     CHECK(report.param_peak > 0);
     // Each step reads 2(N-1) layers' params (the last of forward starts backward) and every
-    // layer's m|v, and writes every layer's m|v back.
+    // layer's m|v, and writes every layer's m|v back. The m|v stream prefetches the next
+    // step's first layer as the step ends, so one layer's read or write-back may complete
+    // on either side of a step's boundary: per step, whole layers; over steps 1-4, 12 layers
+    // give or take the one at each end.
     const std::uint64_t layer = streamed_params::layer_param_bytes(c);
     REQUIRE(report.param_read.size() == 5);
+    std::uint64_t state_read = 0, state_written = 0;
     for (std::size_t k = 1; k < 5; ++k) {
         INFO("step " << k);
         CHECK(report.param_read[k] == 4 * layer);
-        CHECK(report.state_read[k] == 3 * 2 * layer);
-        CHECK(report.state_written[k] == 3 * 2 * layer);
+        CHECK(report.state_read[k] % (2 * layer) == 0);
+        CHECK(report.state_written[k] % (2 * layer) == 0);
+        state_read += report.state_read[k];
+        state_written += report.state_written[k];
+    }
+    for (const std::uint64_t moved : {state_read, state_written}) {
+        CHECK(moved >= 11 * 2 * layer);
+        CHECK(moved <= 13 * 2 * layer);
     }
     // A budget one byte smaller is refused.
     p.memory_budget -= 1;
