@@ -162,6 +162,22 @@ step_runner::step_runner(parts p)
 
 step_runner::~step_runner() = default;
 
+namespace {
+
+/// Dynamic loss scaling (fp16): halve on an overflow (never below 1), double after 500 good
+/// steps in a row.
+void update_loss_scale(train_state& state, bool finite) {
+    if (!finite) {
+        state.loss_scale = std::max(1.0f, state.loss_scale / 2);
+        state.good_steps = 0;
+    } else if (++state.good_steps >= 500) {
+        state.loss_scale *= 2;
+        state.good_steps = 0;
+    }
+}
+
+}  // namespace
+
 step_result step_runner::train_step_streamed(std::int64_t step, train_state& state) {
     // The same stages as train_step, with the update where the verdict allows it
     // (streamed_params.hpp):
@@ -194,15 +210,7 @@ step_result step_runner::train_step_streamed(std::int64_t step, train_state& sta
     r.finite = sp.end_step();
     if (r.finite) ++state.adam_steps;
     r.loss = static_cast<float>(dist::allreduce_sum(static_cast<double>(local_loss) * rows) / B);
-    if (opt.grads == grad_dtype::fp16) {  // as train_step's step 6
-        if (!r.finite) {
-            state.loss_scale = std::max(1.0f, state.loss_scale / 2);
-            state.good_steps = 0;
-        } else if (++state.good_steps >= 500) {
-            state.loss_scale *= 2;
-            state.good_steps = 0;
-        }
-    }
+    if (opt.grads == grad_dtype::fp16) update_loss_scale(state, r.finite);  // train_step's 6.
     const bool deferred = opt.grads == grad_dtype::fp16;
     if (p_.recorder) {
         p_.recorder->complete(track_, "forward " + std::to_string(step + 1), tf, tb);
@@ -378,15 +386,7 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
     }
 
     // 6. Dynamic loss scaling (fp16 only): halve on overflow, double after 500 good steps.
-    if (opt.grads == grad_dtype::fp16) {
-        if (!r.finite) {
-            state.loss_scale = std::max(1.0f, state.loss_scale / 2);
-            state.good_steps = 0;
-        } else if (++state.good_steps >= 500) {
-            state.loss_scale *= 2;
-            state.good_steps = 0;
-        }
-    }
+    if (opt.grads == grad_dtype::fp16) update_loss_scale(state, r.finite);
     r.update_ms = ms_since(tu);
     if (recorder)
         recorder->complete(track_, "update " + std::to_string(step + 1), tu, clock_type::now());
