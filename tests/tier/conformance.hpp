@@ -7,6 +7,8 @@
 //   static std::string name();                               // for messages
 //   static auto args(tier_env&);                             // constructor arguments, a tuple
 //   static auto bounded_args(tier_env&, std::size_t cap);    // optional: same, with a capacity
+//   using buffer_type = ...;                                 // optional: the caller buffers,
+//                                                            // std::vector<std::byte> if absent
 // or, for a tier that cannot be built from a tuple of arguments,
 //   static std::unique_ptr<tier_type> make(tier_env&);       // (and optionally make_bounded)
 // Building from argument tuples lets the decorator factories (throttled_of<F>, faulty_of<F>)
@@ -54,9 +56,26 @@ inline constexpr std::size_t largest_blob = 64 * MiB;
 inline constexpr bool sanitized = false;
 #endif
 
+/// The buffers the suite hands factory F's tier: F::buffer_type where F names one (a
+/// contiguous container of std::byte, e.g. std::vector with a pinned-memory allocator, so a
+/// device tier is tested with the caller buffers it is fast with), else std::vector<std::byte>.
+template <class F>
+struct buffer_of_t {
+    using type = std::vector<std::byte>;
+};
+template <class F>
+requires requires { typename F::buffer_type; }
+struct buffer_of_t<F> {
+    using type = typename F::buffer_type;
+};
+template <class F>
+using buffer_of = typename buffer_of_t<F>::type;
+
 /// Test data: `nbytes` pseudo-random bytes, a different window of one shared random pool for
-/// each seed (cheap enough for 64 MiB blobs, even under sanitizers). Deterministic.
-inline std::vector<std::byte> blob(std::size_t nbytes, std::uint64_t seed) {
+/// each seed (cheap enough for 64 MiB blobs, even under sanitizers), in a Buffer.
+/// Deterministic.
+template <class Buffer = std::vector<std::byte>>
+Buffer blob(std::size_t nbytes, std::uint64_t seed) {
     constexpr std::size_t window = MiB;  // seeds start anywhere in the first MiB
     static const std::vector<std::uint64_t> pool = [] {
         std::vector<std::uint64_t> words((largest_blob + window) / 8 + 1);
@@ -69,9 +88,12 @@ inline std::vector<std::byte> blob(std::size_t nbytes, std::uint64_t seed) {
         }
         return words;
     }();
-    if (nbytes > largest_blob) return random_bytes(nbytes, seed);
+    if (nbytes > largest_blob) {
+        auto bytes = random_bytes(nbytes, seed);
+        return Buffer(bytes.begin(), bytes.end());
+    }
     const auto* base = reinterpret_cast<const std::byte*>(pool.data()) + (seed * 4099) % window;
-    return std::vector<std::byte>(base, base + nbytes);
+    return Buffer(base, base + nbytes);
 }
 
 /// Scratch space that outlives the tiers of one test case (declare it before the tier).
@@ -188,6 +210,7 @@ template <class F>
 requires buildable_from_args<F>
 struct throttled_of {
     using tier_type = throttled_tier<typename F::tier_type>;
+    using buffer_type = buffer_of<F>;
     static std::string name() { return std::string("throttled(") + F::name() + ")"; }
     static auto args(tier_env& env) {
         return std::tuple_cat(std::tuple(conformance_throttle(), std::in_place), F::args(env));
@@ -203,6 +226,7 @@ template <class F>
 requires buildable_from_args<F>
 struct faulty_of {
     using tier_type = faulty_tier<typename F::tier_type>;
+    using buffer_type = buffer_of<F>;
     static std::string name() { return std::string("faulty(") + F::name() + ")"; }
     static auto args(tier_env& env) {
         return std::tuple_cat(std::tuple(std::in_place), F::args(env));
@@ -264,9 +288,10 @@ inline void check_invalid_argument(const outcome& o,
     }
 }
 
-/// Writes `data` under `key` and waits; fails the test on error.
-template <class Tier>
-void put(Tier& tier, std::string_view key, const std::vector<std::byte>& data) {
+/// Writes `data` (a contiguous container of std::byte) under `key` and waits; fails the
+/// test on error.
+template <class Tier, class Buffer>
+void put(Tier& tier, std::string_view key, const Buffer& data) {
     auto o = run([&] { return tier.write(key, data); });
     if (o.error) {
         try {
@@ -278,10 +303,10 @@ void put(Tier& tier, std::string_view key, const std::vector<std::byte>& data) {
     CHECK(o.nbytes == data.size());
 }
 
-/// Reads `key` (of size_of(key) bytes) and returns the blob; fails the test on error.
-template <class Tier>
-std::vector<std::byte> get(Tier& tier, std::string_view key, std::size_t nbytes) {
-    std::vector<std::byte> back(nbytes);
+/// Reads `key` (of size_of(key) bytes) into a Buffer and returns it; fails the test on error.
+template <class Buffer = std::vector<std::byte>, class Tier>
+Buffer get(Tier& tier, std::string_view key, std::size_t nbytes) {
+    Buffer back(nbytes);
     auto o = run([&] { return tier.read(key, back); });
     if (o.error) {
         try {

@@ -5,13 +5,24 @@
 // - Blobs live in device memory from the stream-ordered allocator (cudaMallocAsync). All
 //   work runs on one non-blocking stream owned by the tier, so operations execute in the
 //   order they were issued; a completion is signalled by a stream callback enqueued after
-//   the copy (cudaStreamAddCallback), so write() and read() never wait for the GPU.
+//   the copy (cudaStreamAddCallback).
+// - With pinned caller buffers (cuda::pinned_buffer, cuda::registered_buffer, or memory
+//   registered by cuda::host_registration) write() and read() never wait for the GPU:
+//   they enqueue and return.
+// - Pageable caller buffers (a std::vector, plain new) work too, but the CUDA runtime
+//   stages them through its own pinned memory, and then the call blocks: write() waits
+//   for the tier stream's earlier work (the backlog) and for the bytes to be staged; read()
+//   waits for the backlog and for the copy to land in the buffer. It blocks holding the
+//   tier's mutex, so every other call on the tier (from any thread) waits meanwhile. Use
+//   pinned buffers wherever the caller must not stall behind the GPU.
 // - A completion never hangs: the callback runs even when the stream or the context has
 //   failed (cudaLaunchHostFunc's host function would not, and the handle would wait
 //   forever), and then fails the operation with std::system_error in cuda_category()
 //   naming the key and size; a callback that cannot be enqueued fails the operation at once.
-// - Pinned caller buffers (cuda::pinned_buffer) give truly asynchronous copies; pageable
-//   buffers work too, with the CUDA runtime staging them.
+//   The callback makes no CUDA call (CUDA forbids them there): the constructor builds
+//   cuda_category()'s message table before any callback can run.
+// - A failure thrown for a CUDA error clears the thread's last error (see cuda_error.hpp),
+//   so a later Thrust launch does not report it as its own.
 // - The storage_tier contract holds: a missing key is std::system_error(ENOENT) naming the
 //   key; a wrong buffer size std::invalid_argument naming both sizes; a write past
 //   capacity() or one the GPU cannot allocate fails with ENOSPC naming the key, the size
@@ -27,6 +38,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -80,6 +92,7 @@ public:
     /// when the device cannot be used.
     explicit device_tier(device_tier_options options = {})
         : device_(options.device), capacity_(options.capacity), name_(std::move(options.name)) {
+        (void)cuda_category();  // builds the message table on_done reads: no CUDA call there
         detail::device_guard guard(device_);
         check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
                    name_ + ": stream on device " + std::to_string(device_));
@@ -99,9 +112,12 @@ public:
         cudaSetDevice(previous);
     }
 
-    /// Stores a copy of `bytes` under `key` in device memory (see the rewrite protocol);
-    /// returns at once. The caller keeps `bytes` alive and unchanged until the completion
-    /// is ready. Errors (capacity, allocation, CUDA) are thrown by the completion's wait().
+    /// Stores a copy of `bytes` under `key` in device memory (see the rewrite protocol).
+    /// From pinned memory it returns at once; from pageable memory it first waits, holding
+    /// the tier's mutex, for the tier stream's earlier work and for the bytes to be staged
+    /// (see the header comment). The caller keeps `bytes` alive and unchanged until the
+    /// completion is ready. Errors (capacity, allocation, CUDA) are thrown by the
+    /// completion's wait().
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         validate_key(key);
         const std::size_t n = bytes.size();
@@ -124,7 +140,7 @@ public:
                     ptr = nullptr;
                     throw std::system_error(ENOSPC, std::generic_category(),
                                             describe("write", key, n) + ": cudaMallocAsync failed (" +
-                                                cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
+                                                cuda_category().message(err) + ")");
                 }
                 check_cuda(err, "cudaMallocAsync", describe("write", key, n));
                 check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync",
@@ -145,8 +161,11 @@ public:
         }
     }
 
-    /// Copies the blob of `key` into `bytes` (exactly its size); returns at once. A missing
-    /// key (ENOENT) or a wrong size (std::invalid_argument) is thrown by wait().
+    /// Copies the blob of `key` into `bytes` (exactly its size). Into pinned memory it
+    /// returns at once; into pageable memory it returns only once the copy is done, having
+    /// waited, holding the tier's mutex, for the tier stream's earlier work (see the header
+    /// comment). A missing key (ENOENT) or a wrong size (std::invalid_argument) is thrown by
+    /// wait().
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         validate_key(key);
         const std::size_t n = bytes.size();
@@ -236,8 +255,9 @@ private:
         std::string what;  // names the operation, the key and the size in an error
     };
     // Called once per enqueued callback, with the stream's error (if any): never left
-    // uncalled, so the handle never waits forever. No CUDA call here but the error's text
-    // (cudaGetErrorName and cudaGetErrorString, through cuda_category()).
+    // uncalled, so the handle never waits forever. No CUDA call at all (CUDA forbids them
+    // here): make_cuda_error reads the message table the constructor built, and leaves the
+    // thread's last error alone.
     static void CUDART_CB on_done(cudaStream_t, cudaError_t status, void* p) {
         std::unique_ptr<pending> op(static_cast<pending*>(p));
         if (status == cudaSuccess) {
@@ -246,11 +266,13 @@ private:
             return;
         }
         op->stats->end(op->dir, op->nbytes, false);
+        std::exception_ptr error;
         try {
-            throw_cuda_error(status, "a copy on the tier's stream", op->what);
-        } catch (...) {
-            op->source.fail(std::current_exception());
+            error = std::make_exception_ptr(make_cuda_error(status, "a copy on the tier's stream", op->what));
+        } catch (...) {  // out of memory building the message
+            error = std::current_exception();
         }
+        op->source.fail(std::move(error));
     }
 
     io_completion enqueue_completion(io_direction dir, std::size_t n, std::string_view key) {

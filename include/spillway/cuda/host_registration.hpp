@@ -11,8 +11,14 @@
 //   aligned_buffer (the buffers file_tier, the update pipeline and the stash use), whose
 //   4 KiB alignment keeps O_DIRECT working unchanged.
 // - Registering a range that overlaps one already registered, or that the driver refuses,
-//   throws std::system_error in cuda_category() naming the address and the size; nothing is
-//   then registered. The memory must outlive the registration.
+//   throws std::system_error in cuda_category() naming the address and the size (the
+//   thread's last error cleared, see throw_cuda_error); nothing is then registered. The
+//   memory must outlive the registration.
+// - registration_mode::read_only needs cudaDevAttrHostRegisterReadOnlySupported on the
+//   current device, which some machines (PCIe H100s among them) lack. Where it is missing
+//   the memory is registered portable instead, mode() says so and fallback_reason() says
+//   why, as io_engine does for io_uring: the copies work the same, only the device's
+//   promise not to write is lost.
 // - Registration costs a system call and page-table work proportional to the size: register
 //   long-lived buffers once, not per transfer.
 #pragma once
@@ -38,15 +44,36 @@ enum class registration_mode : unsigned {
     read_only = cudaHostRegisterPortable | cudaHostRegisterReadOnly,  ///< the device only reads it
 };
 
+namespace detail {
+/// registration_mode::read_only where the current device supports it; otherwise portable,
+/// with the reason in `why`. Throws std::system_error (cuda_category()) when the device
+/// cannot be asked.
+inline registration_mode usable_read_only(std::string& why) {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice", "host_registration (read_only)");
+    int supported = 0;
+    check_cuda(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device),
+               "cudaDeviceGetAttribute(cudaDevAttrHostRegisterReadOnlySupported)",
+               "host_registration (read_only) on device " + std::to_string(device));
+    if (supported != 0) return registration_mode::read_only;
+    why = "device " + std::to_string(device) +
+          " does not support read-only host registration (cudaDevAttrHostRegisterReadOnlySupported is 0): "
+          "registered as portable";
+    return registration_mode::portable;
+}
+}  // namespace detail
+
 /// RAII registration of existing host memory as pinned; see the header comment.
 class host_registration {
 public:
     /// Registers nothing.
     host_registration() = default;
-    /// Registers `memory` (an empty span registers nothing). Throws std::system_error
-    /// (cuda_category()) naming the address and the size.
+    /// Registers `memory` (an empty span registers nothing) with `mode`, or portable where
+    /// read_only is unsupported (see mode()). Throws std::system_error (cuda_category())
+    /// naming the address and the size.
     explicit host_registration(std::span<std::byte> memory, registration_mode mode = registration_mode::portable) {
         if (memory.empty()) return;
+        if (mode == registration_mode::read_only) mode = detail::usable_read_only(fallback_reason_);
         cudaError_t err = cudaHostRegister(memory.data(), memory.size(), static_cast<unsigned>(mode));
         if (err != cudaSuccess) {
             char where[32];
@@ -56,16 +83,22 @@ public:
         }
         data_ = memory.data();
         size_ = memory.size();
+        mode_ = mode;
     }
     /// Takes o's registration; o becomes empty.
     host_registration(host_registration&& o) noexcept
-        : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+        : data_(std::exchange(o.data_, nullptr)),
+          size_(std::exchange(o.size_, 0)),
+          mode_(std::exchange(o.mode_, registration_mode::portable)),
+          fallback_reason_(std::exchange(o.fallback_reason_, {})) {}
     /// Ends this registration and takes o's; o becomes empty.
     host_registration& operator=(host_registration&& o) noexcept {
         if (this != &o) {
             release();
             data_ = std::exchange(o.data_, nullptr);
             size_ = std::exchange(o.size_, 0);
+            mode_ = std::exchange(o.mode_, registration_mode::portable);
+            fallback_reason_ = std::exchange(o.fallback_reason_, {});
         }
         return *this;
     }
@@ -78,15 +111,24 @@ public:
     [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
     /// True while a range is registered.
     [[nodiscard]] bool active() const noexcept { return data_ != nullptr; }
+    /// The mode the memory is registered with: the one asked for, or portable where
+    /// read_only is unsupported; portable when nothing is registered.
+    [[nodiscard]] registration_mode mode() const noexcept { return mode_; }
+    /// Why read_only fell back to portable; empty otherwise.
+    [[nodiscard]] const std::string& fallback_reason() const noexcept { return fallback_reason_; }
 
 private:
     void release() noexcept {
         if (data_) cudaHostUnregister(data_);
         data_ = nullptr;
         size_ = 0;
+        mode_ = registration_mode::portable;
+        fallback_reason_.clear();
     }
     std::byte* data_ = nullptr;
     std::size_t size_ = 0;
+    registration_mode mode_ = registration_mode::portable;
+    std::string fallback_reason_;
 };
 
 /// Registers the whole (padded) allocation of `buffer`, which must outlive the result.
@@ -124,6 +166,8 @@ public:
     [[nodiscard]] std::byte* data() noexcept { return buffer_.data(); }
     /// The size asked for.
     [[nodiscard]] std::size_t size() const noexcept { return buffer_.size(); }
+    /// The registration: its mode() and fallback_reason().
+    [[nodiscard]] const host_registration& registration() const noexcept { return registration_; }
 
 private:
     aligned_buffer buffer_;                // declared first: destroyed after the registration

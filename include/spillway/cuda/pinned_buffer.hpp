@@ -8,8 +8,9 @@
 //   move-only and frees the memory with cudaFreeHost. cudaHostAlloc returns page-aligned
 //   memory, so a pinned_buffer is also a legal O_DIRECT buffer for the file tier.
 // - A failed allocation throws std::system_error in cuda_category() whose message names
-//   the size and the flags. The contents start uninitialised (cudaHostAlloc does not clear
-//   them). An empty buffer (size 0) owns nothing.
+//   the size, the flags and cudaHostAlloc, and clears the thread's last error (so a later
+//   Thrust launch does not report it). The contents start uninitialised (cudaHostAlloc does
+//   not clear them). An empty buffer (size 0) owns nothing.
 // - pinned_allocator<T> gives std containers pinned storage (std::vector<float,
 //   pinned_allocator<float>>); allocate() throws std::system_error like pinned_buffer,
 //   deallocate() never throws. All pinned_allocators compare equal (memory from one can be
@@ -40,7 +41,8 @@ enum class pinned_mode : unsigned {
 };
 
 namespace detail {
-/// cudaHostAlloc of nbytes (> 0) or std::system_error naming `what`, the size and the flags.
+/// cudaHostAlloc of nbytes (> 0) or std::system_error naming `what`, the size and the flags
+/// (the thread's last error cleared, see throw_cuda_error).
 inline void* host_alloc(std::size_t nbytes, pinned_mode mode, std::string_view what) {
     void* p = nullptr;
     cudaError_t err = cudaHostAlloc(&p, nbytes, static_cast<unsigned>(mode));
