@@ -1,57 +1,159 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # scripts/gpu_checks.sh: every check that needs a GPU, as one prepared run.
-#   1. configure and build the cuda preset (build/cuda, or $SPILLWAY_GPU_BUILD_DIR);
-#   2. run the GPU tests (ctest -L gpu: device tier conformance, staged round trips, device
+#
+#   scripts/gpu_checks.sh              run the checks (on the machine with the GPU)
+#   scripts/gpu_checks.sh --fetch-deps download the Debian packages the build needs into
+#                                      build/gpu-deps/ (on a machine that reaches Debian's
+#                                      archive), for a GPU machine that reaches nothing
+#
+# The run, step by step:
+#   1. Name the GPU, its driver and the CUDA toolkit (gpu.txt). No GPU: exit 3, nothing passes.
+#   2. Make the build's dependencies findable (doctest, Google Benchmark, nlohmann-json,
+#      liburing): those installed are used; the missing ones are unpacked from the .deb files
+#      in build/gpu-deps/ (from --fetch-deps, carried to the machine) into
+#      build/gpu-deps/root, not into /, or where none were carried, installed with apt-get
+#      as scripts/dev does (as root). Ninja is used when present, else Make.
+#   3. Configure the cuda preset (build/cuda, or $SPILLWAY_GPU_BUILD_DIR) and build only what
+#      the checks run.
+#   4. Run the GPU tests (ctest -L gpu: device tier conformance, staged round trips, device
 #      Adam against the CPU step, the stash with device tensors, the gpu_offload example's
-#      GPU-vs-CPU loss check, the CUDA benchmark's smoke pass);
-#   3. run the CUDA benchmark (bench_cuda, 3 repetitions, medians) to JSON.
+#      GPU-vs-CPU loss check, the CUDA benchmark's smoke pass). A skipped test fails the run:
+#      on a machine with a GPU a skip means the checks did not run (a driver too old for the
+#      toolkit, say).
+#   5. Run the CUDA benchmark once (one repetition) to bench_cuda.json, then, unless
+#      SKIP_BENCH_REPEAT=1, with 3 repetitions (medians) to bench_cuda_r3.json.
 # Results go under $OUT when it is set (else build/gpu-checks; relative paths, here and in
-# SPILLWAY_GPU_BUILD_DIR, are from the repository root): gpu.txt (nvidia-smi),
-# ctest.log, junit.xml, bench_cuda.json, bench_cuda.txt. Exit status: ctest's, or the
-# benchmark's when the tests passed. SPILLWAY_JOBS sets the build parallelism; SKIP_BENCH=1
-# skips step 3.
+# SPILLWAY_GPU_BUILD_DIR, are from the repository root): summary.txt, gpu.txt, configure.log,
+# build.log, ctest.log, junit.xml, bench_cuda.{json,txt}, bench_cuda_r3.{json,txt}.
+# Exit status: 0 when every test passed (none skipped) and the benchmark ran; 2 set-up or
+# build failed; 3 no GPU; 4 a test was skipped; else ctest's or the benchmark's status.
+# Environment: SPILLWAY_JOBS (build parallelism, default: the number of cores), SKIP_BENCH=1
+# (no step 5), SKIP_BENCH_REPEAT=1 (step 5's first pass only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
-# Absolute from here on: ctest and the benchmark run in other folders, and "$PWD/$out" broke
-# an absolute $OUT (junit.xml went to $PWD$OUT/).
+root=$PWD
+deps_dir=$root/build/gpu-deps
+# Debian's names (Ubuntu's are the same); the runtime libraries come with their -dev.
+dep_packages=(doctest-dev libbenchmark-dev libbenchmark1debian nlohmann-json3-dev liburing-dev liburing2)
+
+if [ "${1:-}" = --fetch-deps ]; then
+  mkdir -p "$deps_dir"
+  # apt-get download writes into the current folder; as root it warns that _apt cannot.
+  (cd "$deps_dir" && apt-get download "${dep_packages[@]}") || { echo "apt-get download failed" >&2; exit 2; }
+  ls -l "$deps_dir"/*.deb
+  echo "carry build/gpu-deps to the GPU machine; gpu_checks.sh unpacks what it lacks"
+  exit 0
+fi
+[ $# -eq 0 ] || { echo "usage: scripts/gpu_checks.sh [--fetch-deps]" >&2; exit 2; }
+
+# Absolute from here on: ctest and the benchmark run in other folders.
 out=$(realpath -m "${OUT:-build/gpu-checks}")
 build=$(realpath -m "${SPILLWAY_GPU_BUILD_DIR:-build/cuda}")
 jobs=${SPILLWAY_JOBS:-$(nproc)}
 mkdir -p "$out"
-log() { printf '[gpu_checks] %s\n' "$*" | tee -a "$out/summary.txt"; }
+log() { printf '[gpu_checks %4ds] %s\n' "$SECONDS" "$*" | tee -a "$out/summary.txt"; }
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current \
-    --format=csv 2>&1 || echo "nvidia-smi not available"; } > "$out/gpu.txt"
-log "GPU: $(sed -n 2p "$out/gpu.txt")"
-
-# build.ninja, not CMakeCache.txt: a failed or interrupted configure leaves the cache only.
-if [ ! -f "$build/build.ninja" ]; then
-  cmake --preset cuda -B "$build" > "$out/configure.log" 2>&1 || { log "configure failed"; tail -50 "$out/configure.log"; exit 2; }
+# 1. The GPU, its driver, the toolkit.
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max \
+    --format=csv 2>&1 || echo "nvidia-smi not available"
+  nvidia-smi 2>/dev/null | sed -n 3p  # "NVIDIA-SMI ... Driver Version: ... CUDA Version: ..."
+  nvcc --version 2>&1 | tail -n 2
+} > "$out/gpu.txt"
+gpu_line=$(sed -n 2p "$out/gpu.txt")
+log "GPU: $gpu_line"
+log "driver: $(sed -n 3p "$out/gpu.txt" | tr -s ' ')"
+log "toolkit: $(grep -m1 release "$out/gpu.txt" || echo 'nvcc not found')"
+if ! nvidia-smi -L > /dev/null 2>&1 || [ -z "$(nvidia-smi -L 2>/dev/null)" ]; then
+  log "no GPU found (nvidia-smi -L lists none): nothing can be checked here"
+  exit 3
 fi
-# Only what the GPU checks run (the whole preset would spend device time on the CPU parts).
+
+# 2. Dependencies.
+missing=()
+for p in "${dep_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+prefix_args=()
+debs=()
+for p in "${missing[@]}"; do
+  for f in "$deps_dir/${p}"_*.deb; do [ -f "$f" ] && debs+=("$f"); done
+done
+if [ ${#missing[@]} -gt 0 ] && [ ${#debs[@]} -eq 0 ]; then
+  # Nothing carried: install as scripts/dev does (a GPU machine that reaches nothing fails here).
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get > /dev/null; then
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    { timeout 120 apt-get update -qq && apt-get install -y --no-install-recommends "${missing[@]}"; } > "$out/apt.log" 2>&1 &&
+      missing=()
+  fi
+  [ ${#missing[@]} -eq 0 ] || log "missing packages: ${missing[*]} (run scripts/gpu_checks.sh --fetch-deps" \
+    "where Debian's archive is reachable and carry build/gpu-deps; configure will name what it lacks)"
+elif [ ${#debs[@]} -gt 0 ]; then
+  log "unpacking into build/gpu-deps/root: ${debs[*]##*/}"
+  rm -rf "$deps_dir/root"
+  mkdir -p "$deps_dir/root"
+  for f in "${debs[@]}"; do
+    if command -v dpkg-deb > /dev/null; then
+      dpkg-deb -x "$f" "$deps_dir/root"
+    else  # a .deb is an ar archive holding data.tar.*; tar finds the compression in a file
+      member=$(ar t "$f" | grep '^data\.tar') && (cd "$deps_dir" && ar x "$f" "$member") &&
+        tar -xf "$deps_dir/$member" -C "$deps_dir/root" && rm -f "$deps_dir/$member"
+    fi || { log "cannot unpack $f"; exit 2; }
+  done
+  prefix_args=(-DCMAKE_PREFIX_PATH="$deps_dir/root/usr")
+  export CPATH="$deps_dir/root/usr/include${CPATH:+:$CPATH}"
+  export LD_LIBRARY_PATH="$deps_dir/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+generator_args=()
+command -v ninja > /dev/null || generator_args=(-G "Unix Makefiles")
+
+# 3. Configure (only where no complete configure exists) and build.
+if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+  log "configuring the cuda preset in $build"
+  if ! cmake --preset cuda -B "$build" "${generator_args[@]}" "${prefix_args[@]}" > "$out/configure.log" 2>&1; then
+    log "configure failed"; tail -50 "$out/configure.log"; exit 2
+  fi
+fi
 targets=(test_cuda_device_tier test_cuda_cuda_path gpu_offload bench_cuda)
-log "building ${targets[*]} in $build ($jobs jobs)"
+log "building ${targets[*]} ($jobs jobs)"
 if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.log" 2>&1; then
   log "build failed"; tail -80 "$out/build.log"; exit 2
 fi
 
+# 4. The GPU tests.
 log "ctest -L gpu"
 ctest --test-dir "$build" -L gpu --output-on-failure --output-junit "$out/junit.xml" > "$out/ctest.log" 2>&1
 test_rc=$?
-tail -30 "$out/ctest.log"
+tail -40 "$out/ctest.log"
 log "ctest exit status $test_rc"
-
-bench_rc=0
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  log "bench_cuda"
-  mkdir -p "$build/bench/scratch"
-  SPILLWAY_BENCH_DIR="$build/bench/scratch" "$build/bench/bench_cuda" --benchmark_repetitions=3 \
-    --benchmark_report_aggregates_only=true --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json \
-    > "$out/bench_cuda.txt" 2>&1
-  bench_rc=$?
-  cat "$out/bench_cuda.txt"
-  log "bench_cuda exit status $bench_rc"
+skipped=$(grep -E '\*\*\*Skipped|Not Run' "$out/ctest.log" | sed 's/^ *//')
+if [ -n "$skipped" ]; then
+  log "skipped on a machine with a GPU (a failure here):"
+  printf '%s\n' "$skipped" | tee -a "$out/summary.txt"
+  [ "$test_rc" -eq 0 ] && test_rc=4
 fi
+
+# 5. The benchmark: one repetition first, so a short device session still gets every row.
+bench_rc=0
+run_bench() {  # run_bench NAME REPETITIONS
+  log "bench_cuda, $2 repetition(s) -> $1.json"
+  mkdir -p "$build/bench/scratch"
+  SPILLWAY_BENCH_DIR="$build/bench/scratch" "$build/bench/bench_cuda" --benchmark_repetitions="$2" \
+    --benchmark_report_aggregates_only="$([ "$2" -gt 1 ] && echo true || echo false)" \
+    --benchmark_out="$out/$1.json" --benchmark_out_format=json > "$out/$1.txt" 2>&1
+  local rc=$?
+  cat "$out/$1.txt"
+  log "bench_cuda exit status $rc"
+  return $rc
+}
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  run_bench bench_cuda 1 || bench_rc=$?
+  if [ "$bench_rc" -eq 0 ] && [ "${SKIP_BENCH_REPEAT:-0}" != 1 ]; then
+    run_bench bench_cuda_r3 3 || bench_rc=$?
+  fi
+fi
+log "done: tests $test_rc, benchmark $bench_rc"
 [ "$test_rc" -ne 0 ] && exit "$test_rc"
 exit "$bench_rc"
