@@ -27,6 +27,7 @@
 
 #include <spillway/cuda/pinned_buffer.hpp>
 #include <spillway/cuda/staged_copy.hpp>
+#include <spillway/cuda/stream_policy.hpp>
 #include <spillway/cuda/thrust_optim.hpp>
 #include <spillway/tier/file_tier.hpp>
 
@@ -184,7 +185,7 @@ void device_adam(benchmark::State& state) {
     cudaMemsetAsync(m.ptr, 0, n * 4, s);
     cudaMemsetAsync(v.ptr, 0, n * 4, s);
     cudaMemsetAsync(g.ptr, 0x21, n * 2, s);  // small finite fp16 gradients
-    auto policy = thrust::cuda::par.on(s);
+    auto policy = sc::stream_policy(s);
     spillway::adamw_config config;
     double adam_total = 0, copy_total = 0;
     std::int64_t step = 0;

@@ -9,7 +9,8 @@
 //     on the side stream after an event on the compute stream (compute does not wait) and
 //     goes through the host stash to a file tier.
 //  3. Forward layer 2 and the loss; start backward: prefetch brings h_pre back into another
-//     device buffer while dy is computed; load() orders the compute stream after it.
+//     device buffer (after the compute work enqueued so far, which may still read it) while
+//     dy is computed; load() orders the compute stream after it.
 //  4. Backward: fp16 gradients (scaled by the loss scale) in device memory, copied to pinned
 //     host memory.
 //  5. The optimizer on the CPU: update_pipeline runs AdamW over subgroups of the fp32 state
@@ -33,6 +34,7 @@
 
 #include <spillway/cuda/device_stash.hpp>
 #include <spillway/cuda/pinned_buffer.hpp>
+#include <spillway/cuda/stream_policy.hpp>
 #include <spillway/optim/update_pipeline.hpp>
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
@@ -139,7 +141,7 @@ run_result run_gpu(const problem& pb, const run_options& o) {
         sc::device_stash<file_tier<>> stash(host_stash);
         cudaStream_t compute;
         sc::check_cuda(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate", "gpu_offload");
-        auto policy = thrust::cuda::par.on(compute);
+        auto policy = sc::stream_policy(compute);  // kernels return once enqueued
 
         std::vector<float, sc::pinned_allocator<float>> x(s.batch * s.in), t(s.batch * s.out), loss(s.batch);
         std::vector<float16, sc::pinned_allocator<float16>> grads(s.params()), copy(s.params());
@@ -171,7 +173,7 @@ run_result run_gpu(const problem& pb, const run_options& o) {
             stash.end_layer();
             cudaMemcpyAsync(loss.data(), dloss.ptr, loss.size() * sizeof(float), cudaMemcpyDeviceToHost, compute);
             stash.start_backward();
-            stash.prefetch(saved, h_back.ptr);
+            stash.prefetch(saved, h_back.ptr, compute);
             stash.load(saved, h_back.ptr, compute);
             m.h_pre = h_back.ptr;  // 4.
             gpu_offload::backward(policy, m);

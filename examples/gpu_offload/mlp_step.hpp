@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // examples/gpu_offload/mlp_step.hpp: the forward and backward pass of a 2-layer MLP
 // (x -> relu(x W1 + b1) -> W2 + b2, mean squared error) as Thrust kernels written once: the
-// GPU run executes them with thrust::cuda::par.on(stream) on device memory, the CPU-only run
-// with thrust::host on host memory, and both give the same bits.
+// GPU run executes them with spillway::cuda::stream_policy(stream) on device memory, the
+// CPU-only run with thrust::host on host memory, and both give the same bits.
 //
 // Why the bits agree: every output element is computed by one functor call that walks its
 // sum in a fixed order with explicit fmaf (correctly rounded on both sides), the remaining

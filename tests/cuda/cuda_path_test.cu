@@ -2,17 +2,21 @@
 // GPU tests of the CUDA path (ctest label `gpu`; built with SPILLWAY_WITH_CUDA=ON):
 // registered I/O buffers, staged tier <-> device round trips of random sizes over a host and a
 // file tier, the pageable copies through the staging ring, the Thrust optimizer kernels on
-// the GPU against the CPU step, and the activation stash with device tensors (compute never
-// waits, exact round trips through a file tier, prefetch). Consecutive ring calls on two
-// streams do not overwrite a slot still being read; a prefetch never writes its destination
-// after release() or after the load() of a newer prefetch.
+// the GPU against the CPU step, stream_policy against thrust::cuda::par (the same results,
+// and a gradient scan that does not wait for another stream), and the activation stash with
+// device tensors (compute never waits, exact round trips through a file tier, prefetch).
+// Consecutive ring calls on two streams do not overwrite a slot still being read; a prefetch
+// never writes its destination after release() or after the load() of a newer prefetch, nor
+// before the compute work enqueued ahead of it.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include <thrust/device_vector.h>
@@ -22,6 +26,7 @@
 #include <spillway/cuda/host_registration.hpp>
 #include <spillway/cuda/pinned_buffer.hpp>
 #include <spillway/cuda/staged_copy.hpp>
+#include <spillway/cuda/stream_policy.hpp>
 #include <spillway/cuda/thrust_optim.hpp>
 #include <spillway/optim/adam.hpp>
 #include <spillway/tier/file_tier.hpp>
@@ -65,6 +70,8 @@ struct device_bytes {
     std::size_t size;
 };
 
+/// d's bytes. The caller first synchronises the streams that wrote d: this copy runs on the
+/// legacy default stream, which does not wait for non-blocking streams.
 std::vector<std::byte> to_host(const device_bytes& d) {
     std::vector<std::byte> out(d.size);
     sc::check_cuda(cudaMemcpy(out.data(), d.ptr, d.size, cudaMemcpyDeviceToHost), "cudaMemcpy", "to_host");
@@ -82,6 +89,17 @@ void spin(cudaStream_t stream, int ms) {
     cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
     spin_kernel<<<1, 1, 0, stream>>>(static_cast<long long>(khz) * ms);
 }
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+template <class T>
+std::span<T> span_of(thrust::device_vector<T>& v) {
+    return {thrust::raw_pointer_cast(v.data()), v.size()};
+}
+template <class T>
+std::span<const T> const_span_of(const thrust::device_vector<T>& v) {
+    return {thrust::raw_pointer_cast(v.data()), v.size()};
+}
 
 template <class Tier>
 void staged_round_trips(Tier& tier, std::size_t slots) {
@@ -96,7 +114,7 @@ void staged_round_trips(Tier& tier, std::size_t slots) {
         CAPTURE(n);
         auto data = test::random_bytes(n, n + slots);
         device_bytes src(n), dst(n);
-        cudaMemcpy(src.ptr, data.data(), n, cudaMemcpyHostToDevice);
+        cudaMemcpyAsync(src.ptr, data.data(), n, cudaMemcpyHostToDevice, stream);
         sc::stage_from_device(tier, "blob", src.ptr, n, stream, ring);
         CHECK(tier.contains(sc::chunk_key("blob", 0)) == (n > 0));
         CHECK_FALSE(tier.contains(sc::chunk_key("blob", sc::chunk_count(n, MiB))));  // longer blobs' chunks erased
@@ -187,7 +205,9 @@ TEST_CASE("staging ring on two streams: a device-to-host copy waits for the earl
     cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
     auto first = test::random_bytes(n, 31), second = test::random_bytes(n, 32);
     device_bytes src(n);
-    cudaMemcpy(src.ptr, second.data(), n, cudaMemcpyHostToDevice);
+    // On b, which reads src below: a and b do not synchronise with the legacy default stream,
+    // and a pageable cudaMemcpy may return before its copy has reached the device.
+    cudaMemcpyAsync(src.ptr, second.data(), n, cudaMemcpyHostToDevice, b);
     {  // pageable copies: copy_to_device on a, then copy_from_device on b
         device_bytes dst(n);
         spin(a, 200);  // a's copies out of the slots start late: they still need them below
@@ -201,7 +221,7 @@ TEST_CASE("staging ring on two streams: a device-to-host copy waits for the earl
     {  // staged copies: stage_to_device on a, then stage_from_device on b
         host_tier tier;
         device_bytes staged(n), dst(n);
-        cudaMemcpy(staged.ptr, first.data(), n, cudaMemcpyHostToDevice);
+        cudaMemcpyAsync(staged.ptr, first.data(), n, cudaMemcpyHostToDevice, a);  // on a, which reads it
         sc::stage_from_device(tier, "first", staged.ptr, n, a, ring);
         spin(a, 200);
         sc::stage_to_device(tier, "first", dst.ptr, n, a, ring);
@@ -228,7 +248,7 @@ TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical
     std::vector<bfloat16> copy(n);
     cudaStream_t s;
     cudaStreamCreate(&s);
-    auto pol = thrust::cuda::par.on(s);
+    auto pol = sc::stream_policy(s);
     adamw_config config{.lr = 1e-3f, .weight_decay = 0.01f};
     for (std::int64_t step = 1; step <= 3; ++step) {
         std::vector<float16> g(n);
@@ -269,6 +289,79 @@ TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical
     cudaStreamDestroy(s);
 }
 
+TEST_CASE("stream_policy: the same norm, scan and step as par.on, and a gradient scan does not wait for another stream") {
+    constexpr std::size_t n = (std::size_t{1} << 20) + 7;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float16> g(n);
+    for (auto& x : g) x = from_float<float16>(d(rng) * 64.0f);
+    std::vector<float> p(n);
+    for (auto& x : p) x = d(rng);
+    std::vector<float16> bad = g;
+    bad[n / 2] = from_float<float16>(std::numeric_limits<float>::infinity());
+    // Built and filled by Thrust on the legacy default stream, which it synchronises.
+    thrust::device_vector<float16> dg(g), dbad(bad);
+    thrust::device_vector<float> p1(p), m1(n, 0.0f), v1(n, 0.0f), p2(p), m2(n, 0.0f), v2(n, 0.0f);
+    cudaStream_t a, b;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    const auto legacy = thrust::cuda::par.on(a);  // cudaMalloc/cudaFree scratch
+    const auto ordered = sc::stream_policy(a);
+
+    // The reductions: one CUB reduction either way, so the same bits.
+    const auto by_par = sc::check_gradients(legacy, const_span_of(dg), 64.0f);
+    const auto by_stream = sc::check_gradients(ordered, const_span_of(dg), 64.0f);
+    CHECK(by_stream.sum_squares == by_par.sum_squares);
+    CHECK(by_stream.norm == by_par.norm);
+    CHECK_FALSE(by_stream.overflow);
+    CHECK(sc::grad_sum_squares(ordered, const_span_of(dg), 64.0f) == by_par.sum_squares);
+    CHECK(sc::check_gradients(ordered, const_span_of(dbad), 64.0f).overflow);
+
+    // The scan (any_of): an inf skips the step and touches nothing; finite gradients step
+    // bit-identically under both policies.
+    adamw_config config{.lr = 1e-3f, .weight_decay = 0.01f};
+    adamw_step_args args{.step = 1, .grad_scale = 64.0f};
+    CHECK(sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1), const_span_of(dbad)) ==
+          step_result::skipped_overflow);
+    CHECK(sc::adamw_step(legacy, config, args, span_of(p2), span_of(m2), span_of(v2), const_span_of(dbad)) ==
+          step_result::skipped_overflow);
+    cudaStreamSynchronize(a);
+    std::vector<float> h1(n), h2(n);
+    thrust::copy(p1.begin(), p1.end(), h1.begin());
+    CHECK(std::memcmp(h1.data(), p.data(), n * sizeof(float)) == 0);
+    CHECK(sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1), const_span_of(dg)) ==
+          step_result::applied);
+    CHECK(sc::adamw_step(legacy, config, args, span_of(p2), span_of(m2), span_of(v2), const_span_of(dg)) ==
+          step_result::applied);
+    cudaStreamSynchronize(a);  // stream_policy's update returns before it has run
+    thrust::copy(p1.begin(), p1.end(), h1.begin());
+    thrust::copy(p2.begin(), p2.end(), h2.begin());
+    CHECK(std::memcmp(h1.data(), h2.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(h1.data(), p.data(), n * sizeof(float)) != 0);
+
+    // A scan on a while b spins: it returns while b is still busy. Every kernel involved ran
+    // once above (spin below), so no lazy module load, which may synchronise the context,
+    // falls inside the measurement.
+    spin(b, 1);
+    cudaStreamSynchronize(b);
+    spin(b, 500);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto during = sc::check_gradients(ordered, const_span_of(dg), 64.0f);
+    const bool scan_applied = sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1),
+                                             const_span_of(dg)) == step_result::applied;
+    cudaStreamSynchronize(a);
+    const double ms = ms_since(t0);
+    const bool b_busy = cudaStreamQuery(b) == cudaErrorNotReady;
+    INFO("the scan and the step on stream a took " << ms << " ms; a 500 ms spin runs on stream b");
+    CHECK(b_busy);
+    CHECK(ms < 250);
+    CHECK(during.sum_squares == by_par.sum_squares);
+    CHECK(scan_applied);
+    cudaStreamSynchronize(b);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+}
+
 TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through a file tier, prefetch") {
     test::temp_dir dir("cuda-stash");
     file_tier<> tier(dir.path());
@@ -301,11 +394,12 @@ TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through
         stash.end_layer();
     }
     for (auto& h : handles) stash.wait_copied(h);
-    for (auto& a : acts) cudaMemset(a.ptr, 0, a.size);  // the device copies are free again
-    cudaDeviceSynchronize();
+    // The device copies are free again. The copies in are ordered after these memsets by
+    // the prefetches (and the first load), not by the host.
+    for (auto& a : acts) cudaMemsetAsync(a.ptr, 0, a.size, compute);
     stash.start_backward();
     for (int l = layers - 1; l >= 0; --l) {
-        if (l > 0) stash.prefetch(handles[l - 1], acts[l - 1].ptr);  // one layer ahead
+        if (l > 0) stash.prefetch(handles[l - 1], acts[l - 1].ptr, compute);  // one layer ahead
         stash.load(handles[l], acts[l].ptr, compute);
         cudaStreamSynchronize(compute);
         CHECK(to_host(acts[l]) == originals[l]);
@@ -328,7 +422,7 @@ TEST_CASE("device_stash: a prefetch never writes its destination after release()
     const std::size_t n = count * sizeof(float);
     const auto original = test::random_bytes(n, 77);
     device_bytes act(n), dst(n);
-    cudaMemcpy(act.ptr, original.data(), n, cudaMemcpyHostToDevice);
+    cudaMemcpyAsync(act.ptr, original.data(), n, cudaMemcpyHostToDevice, compute);  // save() orders after compute
     auto save = [&](int id) {
         tensor_desc desc;
         desc.name = "t" + std::to_string(id);
@@ -347,7 +441,7 @@ TEST_CASE("device_stash: a prefetch never writes its destination after release()
 
     // prefetch then release without a load: once release() returned, dst is the caller's.
     spin(stash.side_stream(), 200);  // the copy in is still pending when release() is called
-    stash.prefetch(h1, dst.ptr);
+    stash.prefetch(h1, dst.ptr, compute);
     stash.release(h1);
     cudaMemsetAsync(dst.ptr, 0xAB, n, compute);
     cudaStreamSynchronize(compute);
@@ -358,8 +452,8 @@ TEST_CASE("device_stash: a prefetch never writes its destination after release()
     // The same destination prefetched twice: load() waits for the newer prefetch, and no
     // copy in writes dst after it returned.
     spin(stash.side_stream(), 200);
-    stash.prefetch(h2, dst.ptr);
-    stash.prefetch(h2, dst.ptr);
+    stash.prefetch(h2, dst.ptr, compute);
+    stash.prefetch(h2, dst.ptr, compute);
     stash.load(h2, dst.ptr, compute);
     cudaStreamSynchronize(compute);
     CHECK(to_host(dst) == original);
@@ -369,5 +463,49 @@ TEST_CASE("device_stash: a prefetch never writes its destination after release()
     cudaStreamSynchronize(stash.side_stream());
     CHECK(to_host(dst) == marker);
     stash.release(h2);
+    cudaStreamDestroy(compute);
+}
+
+TEST_CASE("device_stash: a copy in runs after the compute work enqueued before its prefetch or load") {
+    host_tier tier;
+    activation_stash<host_tier> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<host_tier> stash(host, {.chunk_bytes = 64 * 1024});  // 7 chunks through 2 slots
+    cudaStream_t compute;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    const std::size_t count = 100000;  // floats
+    const std::size_t n = count * sizeof(float);
+    const auto original = test::random_bytes(n, 91);
+    device_bytes act(n), dst(n), other(n);
+    cudaMemcpyAsync(act.ptr, original.data(), n, cudaMemcpyHostToDevice, compute);
+    tensor_desc desc;
+    desc.name = "t";
+    desc.storage_id = 1;
+    desc.type = dtype::f32;
+    desc.shape = {static_cast<std::int64_t>(count)};
+    stash.begin_layer(0);
+    auto h = stash.save(desc, act.ptr, compute);
+    stash.end_layer();
+    stash.wait_copied(h);
+    stash.start_backward();
+
+    // The destination's last user before the prefetch is a memset that starts only after a
+    // spin: the copy in must land after it, not during the spin.
+    spin(compute, 200);
+    cudaMemsetAsync(dst.ptr, 0xAB, n, compute);
+    const auto t0 = std::chrono::steady_clock::now();
+    stash.prefetch(h, dst.ptr, compute);
+    CHECK(ms_since(t0) < 50);  // the host does not wait for compute
+    stash.load(h, dst.ptr, compute);
+    cudaStreamSynchronize(compute);
+    CHECK(to_host(dst) == original);
+
+    // load() into a destination no prefetch went to starts the copy in itself: the same order.
+    spin(compute, 200);
+    cudaMemsetAsync(other.ptr, 0xAB, n, compute);
+    stash.load(h, other.ptr, compute);
+    cudaStreamSynchronize(compute);
+    CHECK(to_host(other) == original);
+    stash.release(h);
+    stash.flush();
     cudaStreamDestroy(compute);
 }

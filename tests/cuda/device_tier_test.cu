@@ -210,7 +210,7 @@ TEST_CASE("thrust widen on the GPU: a bf16 blob in the device tier becomes scale
     thrust::device_vector<float> out(n);
     const auto* dev = static_cast<const bfloat16*>(tier.device_pointer("grads"));
     const float scale = 1.0f / 1024;
-    spillway::cuda::widen(thrust::cuda::par.on(tier.stream()), std::span<const bfloat16>(dev, n),
+    spillway::cuda::widen(spillway::cuda::stream_policy(tier.stream()), std::span<const bfloat16>(dev, n),
                 std::span<float>(thrust::raw_pointer_cast(out.data()), n), scale);
     cudaStreamSynchronize(tier.stream());
     std::vector<float> host(n);

@@ -16,6 +16,11 @@
 // - Every call into the host stash (layer scopes, saves, start_backward, releases) runs in
 //   the order of the device_stash calls, on one mover thread, so a save issued before
 //   start_backward() belongs to the forward pass whatever the copies' timing.
+// - A copy in never overtakes the compute work that still uses its destination:
+//   prefetch(handle, dst, compute) records an event on `compute`, and the copies into dst
+//   run on the side stream after it (cudaStreamWaitEvent), so the work enqueued on
+//   `compute` before the call (the previous layer's backward still reading dst) is done
+//   with dst first. load() that has to start the prefetch itself does the same.
 // - The caller keeps a saved tensor's device memory unchanged until copied() is true (or
 //   wait_copied() returned). A prefetch destination stays reserved (it may be written)
 //   until the tensor's load() into it returned or the tensor is released: after either,
@@ -35,20 +40,26 @@
 //     stash's pool, copy the device bytes into it through the pinned staging ring
 //     (copy_from_device: chunked, double-buffered), hand it to activation_stash::save; the
 //     tensor is now copied() and its device memory free for reuse.
-//  3. prefetch(handle, dst) ahead of backward queues the way back as the tensor's newest
-//     prefetch (a generation count): activation_stash::load (a tier read if the tensor was
-//     offloaded), then copy_to_device into dst on the side stream, then event `arrived`
-//     recorded after it. The mover skips a prefetch that is no longer the newest or whose
-//     tensor was released; one superseded while it runs copies, but marks nothing arrived.
-//     A failed copy in waits for the copies it enqueued before it reports.
-//  4. load(handle, dst, stream): queue the prefetch if it was not (or went elsewhere, or
-//     failed), wait on the host until the newest prefetch's copies are enqueued, make
-//     `stream` wait for `arrived` (recorded after every copy in queued before).
+//  3. prefetch(handle, dst, compute) ahead of backward: under the stash's lock, record
+//     event `dst_free` on `compute` and queue the way back as the tensor's newest prefetch
+//     (a generation count). The mover skips a prefetch that is no longer the newest or
+//     whose tensor was released. Otherwise, still under the lock it checked that with (so
+//     `dst_free` holds this prefetch's record, not a newer one's), it makes the side stream
+//     wait for `dst_free`; then activation_stash::load (a tier read if the tensor was
+//     offloaded), copy_to_device into dst on the side stream, and event `arrived` recorded
+//     after it. The copies thus start once `compute` has passed the prefetch call (the
+//     mover may wait on the host for a staging slot until then). A prefetch superseded
+//     while it runs copies, but marks nothing arrived. A failed copy in waits for the
+//     copies it enqueued before it reports.
+//  4. load(handle, dst, compute): start the prefetch as in step 3 (recording `dst_free` on
+//     `compute`) if it was not (or went elsewhere, or failed), wait on the host until the
+//     newest prefetch's copies are enqueued, make `compute` wait for `arrived` (recorded
+//     after every copy in queued before).
 //  5. release(handle): mark the tensor released (its queued prefetches are skipped), wait
 //     for a prefetch of it the mover is running, then, when copies in were enqueued that no
-//     load() made a stream wait for, wait on the host for them (`arrived`), so every
-//     prefetch destination is free when release() returns; queue activation_stash::release
-//     after the tensor's other work.
+//     load() made a stream wait for, wait on the host for them (`arrived`, so also for the
+//     compute work before their prefetch), so every prefetch destination is free when
+//     release() returns; queue activation_stash::release after the tensor's other work.
 #pragma once
 
 #include <condition_variable>
@@ -96,6 +107,7 @@ struct device_entry {
     const void* source = nullptr;
     cudaEvent_t produced = nullptr;  // recorded on the compute stream by save()
     cudaEvent_t arrived = nullptr;   // recorded on the side stream after the copy in
+    cudaEvent_t dst_free = nullptr;  // recorded on the compute stream by the newest prefetch
     stash_handle host;               // the host stash's handle, once copied
     bool copied = false;             // step 2 finished (or failed: error)
     std::exception_ptr error;        // why step 2 failed
@@ -109,6 +121,7 @@ struct device_entry {
     ~device_entry() {
         if (produced) cudaEventDestroy(produced);  // deferred by CUDA until pending waits end
         if (arrived) cudaEventDestroy(arrived);
+        if (dst_free) cudaEventDestroy(dst_free);
     }
 };
 }  // namespace detail
@@ -186,6 +199,8 @@ public:
                    "device_stash::save of " + e->label);
         check_cuda(cudaEventCreateWithFlags(&e->arrived, cudaEventDisableTiming), "cudaEventCreateWithFlags",
                    "device_stash::save of " + e->label);
+        check_cuda(cudaEventCreateWithFlags(&e->dst_free, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+                   "device_stash::save of " + e->label);
         check_cuda(cudaEventRecord(e->produced, compute), "cudaEventRecord", "device_stash::save of " + e->label);
         enqueue([this, e] { copy_out(*e); });
         device_handle h;
@@ -216,22 +231,27 @@ public:
 
     /// Starts bringing the tensor back into device memory at device_dst (extent_bytes
     /// bytes, kept by the caller) ahead of load(); returns at once (life cycle, step 3).
-    /// Throws std::invalid_argument on a misused handle.
-    void prefetch(const device_handle& handle, void* device_dst) {
+    /// The copies into device_dst run after the work enqueued on `compute` so far; from this
+    /// call until the load() into device_dst returned or the tensor is released, the caller
+    /// enqueues no work that uses device_dst (it is reserved: see the header). Throws std::invalid_argument on a misused handle, std::system_error
+    /// (cuda_category()) when the event cannot be recorded on `compute`.
+    void prefetch(const device_handle& handle, void* device_dst, cudaStream_t compute) {
         auto& e = entry_of(handle, "prefetch");
         std::lock_guard lock(mutex_);
-        start_prefetch(handle.entry_, e, device_dst);
+        start_prefetch(handle.entry_, e, device_dst, compute);
     }
 
     /// Makes `compute` wait for the tensor's bytes at device_dst: work enqueued on it
-    /// afterwards sees them (life cycle, step 4). Blocks the host only until the copies are
-    /// enqueued. Throws std::invalid_argument on a misused handle, and the error of the
-    /// copy out, the host stash's load or the copy in, naming the tensor (a later load()
-    /// retries).
+    /// afterwards sees them (life cycle, step 4). Without a prefetch into device_dst, the
+    /// copies start now, after the work enqueued on `compute` so far. Blocks the host only
+    /// until the copies are enqueued. Throws std::invalid_argument on a misused handle,
+    /// std::system_error (cuda_category()) when an event cannot be recorded or waited for,
+    /// and the error of the copy out, the host stash's load or the copy in, naming the
+    /// tensor (a later load() retries).
     void load(const device_handle& handle, void* device_dst, cudaStream_t compute) {
         auto& e = entry_of(handle, "load");
         std::unique_lock lock(mutex_);
-        if (e.prefetch_target != device_dst || e.load_error) start_prefetch(handle.entry_, e, device_dst);
+        if (e.prefetch_target != device_dst || e.load_error) start_prefetch(handle.entry_, e, device_dst, compute);
         const std::uint64_t generation = e.prefetch_generation;
         cv_.wait(lock, [&] { return e.arrival_enqueued || e.load_error; });
         if (e.load_error) std::rethrow_exception(e.load_error);
@@ -302,7 +322,11 @@ private:
     }
 
     // Called with mutex_ held. The job is the tensor's newest prefetch (life cycle, step 3).
-    void start_prefetch(const std::shared_ptr<detail::device_entry>& entry, detail::device_entry& e, void* dst) {
+    // `dst_free` is recorded under the lock, before the generation changes, so the mover,
+    // which checks the generation under the same lock, waits for this record.
+    void start_prefetch(const std::shared_ptr<detail::device_entry>& entry, detail::device_entry& e, void* dst,
+                        cudaStream_t compute) {
+        check_cuda(cudaEventRecord(e.dst_free, compute), "cudaEventRecord", "device_stash: prefetch of " + e.label);
         e.prefetch_target = dst;
         e.arrival_enqueued = false;
         e.load_error = nullptr;
@@ -361,6 +385,9 @@ private:
                 if (e.released || e.prefetch_generation != generation) return;  // superseded before it started
                 e.copying_in = true;  // release() waits for the end of this job
                 if (e.error) std::rethrow_exception(e.error);
+                // Under the lock: `dst_free` still holds this prefetch's record, not a newer one's.
+                check_cuda(cudaStreamWaitEvent(side_, e.dst_free, 0), "cudaStreamWaitEvent",
+                           "device_stash: copy in of " + e.label);
             }
             auto bytes = host_.load(e.host);
             copying = true;

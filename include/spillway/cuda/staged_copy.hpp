@@ -14,6 +14,10 @@
 //   at once, some on the tier hop and some on the PCIe hop. A slot is reused only after the
 //   hop that last used it has finished, checked without blocking while there is other work,
 //   so a steady transfer runs at the speed of its slower hop.
+// - The device range is read or written only by copies enqueued on the call's `stream`, so
+//   they follow the work enqueued on it before the call. Work on another stream that uses
+//   the range is the caller's to order (an event and cudaStreamWaitEvent, as device_stash
+//   does between its compute and side streams).
 // - Pinned slots are page-aligned, so a file tier with O_DIRECT reads and writes them with no
 //   bounce buffer and the copy engines reach them with no staging copy.
 // - Errors: a missing chunk is std::system_error(ENOENT), and a chunk of the wrong size or

@@ -4,10 +4,17 @@
 // overflow check, and the AdamW step for subgroups kept in GPU memory.
 //
 // Guarantees:
-// - Written against Thrust only: the same code runs on the GPU (nvcc, CUDA backend; pass
-//   thrust::cuda::par.on(stream) to run on a stream) and on the CPU (Thrust's OMP or CPP
-//   backend), where it is tested on machines without a GPU. Spans must live in memory the
-//   policy reaches (device memory for the CUDA backend).
+// - Written against Thrust only: the same code runs on the GPU (nvcc, CUDA backend) and on
+//   the CPU (Thrust's OMP or CPP backend), where it is tested on machines without a GPU.
+//   Spans must live in memory the policy reaches (device memory for the CUDA backend).
+// - On a stream, pass stream_policy(stream) (stream_policy.hpp): the reductions' scratch
+//   memory is then ordered on that stream, so a gradient scan never waits for other streams
+//   (thrust::cuda::par.on(stream) frees it with cudaFree, which synchronises the device).
+//   With it, narrow() and adamw_step()'s update return once their kernels are enqueued:
+//   the caller orders readers of the outputs after the stream. grad_sum_squares(),
+//   check_gradients() and adamw_step()'s scan (grad_check::scan) wait for the stream up to
+//   their own kernels, because their result comes back to the host: the value they return
+//   is final (adamw_step's update, after the scan, is still asynchronous).
 // - narrow() is spillway::from_float element by element: bit-identical to the CPU's
 //   spillway::narrow (round to nearest even, NaNs quiet, overflow to infinity).
 // - adamw_step() applies adam_formula.hpp's adamw_update to each element, with the
@@ -44,6 +51,7 @@
 #include <thrust/transform_reduce.h>
 
 #include "spillway/config.hpp"
+#include "spillway/cuda/stream_policy.hpp"
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/adam_formula.hpp"
 #include "spillway/optim/detail/adam_scalar.hpp"

@@ -10,9 +10,11 @@
 // - Written against Thrust only, so the same code runs on the GPU (nvcc, CUDA backend) and
 //   on the CPU (THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP or _CPP), where its logic is
 //   tested on machines without a GPU.
-// - widen() takes an execution policy (thrust::device, thrust::cuda::par.on(stream), ...)
-//   and spans in memory that policy can reach (device memory for the CUDA backend). It
-//   throws std::invalid_argument when the spans' sizes differ, before touching anything.
+// - widen() takes an execution policy (thrust::device, stream_policy(stream) from
+//   stream_policy.hpp, ...) and spans in memory that policy can reach (device memory for
+//   the CUDA backend). It throws std::invalid_argument when the spans' sizes differ, before
+//   touching anything. With stream_policy it returns once the kernel is enqueued on the
+//   stream: the caller orders readers of `out` after the stream.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +26,7 @@
 #include <thrust/transform.h>
 
 #include "spillway/config.hpp"
+#include "spillway/cuda/stream_policy.hpp"
 #include "spillway/optim/detail/half_core.hpp"
 
 namespace spillway::cuda {
