@@ -49,6 +49,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1483,8 +1484,135 @@ def render_generic(rep: BenchReport, ctx: Context) -> SectionOutput:
 
 # ---- CUDA path ----------------------------------------------------------------------------
 
-# Goals of issue 8, by the first part of the row name.
-CUDA_GOALS = {"staged_disk_to_device": 0.9, "device_adam": 0.8}
+# Row names of bench_cuda.cu.
+_CUDA_COPY_ROW = re.compile(r"^(pinned_h2d|pinned_d2h|pageable_h2d)(?:/|$)")
+_CUDA_STAGED_ROW = re.compile(r"^staged_disk_to_device/slots:(\d+)/chunk_MiB:(\d+)")
+_CUDA_ADAM_ROW = re.compile(r"^device_adam(?:/|$)")
+_CUDA_STASH_ROW = re.compile(r"^device_stash_overhead/passes:(\d+)")
+_CUDA_COPY_NAMES = {"pinned_h2d": "host → device, pinned", "pinned_d2h": "device → host, pinned",
+                    "pageable_h2d": "host → device, pageable"}
+# Goals of issue 37: staged copies against their slower hop, the device AdamW step against a
+# device copy of its bytes, the device stash's overhead and peak (where compute covers its
+# copies). Pinned copies are shown against the PCIe link, without a goal.
+CUDA_GOAL_STAGED, CUDA_GOAL_ADAM = 0.9, 0.8
+CUDA_GOAL_STASH_OVERHEAD, CUDA_GOAL_STASH_PEAK_REDUCTION = 0.05, 0.45
+
+
+def gpu_name(context: dict) -> str:
+    return context.get("gpu_model") or "GPU not recorded"
+
+
+def gpu_line(context: dict) -> str:
+    """The GPU the run used, from bench_cuda's context: name, memory, CUDA versions, link,
+    nvidia-smi's line."""
+    if not context.get("gpu_model"):
+        return f"_GPU: {context.get('gpu', 'not recorded in the JSON context')}._\n"
+    parts = [f"**GPU**: {context['gpu_model']}"]
+    facts = []
+    if context.get("gpu_memory_GiB"):
+        facts.append(f"{context['gpu_memory_GiB']} GiB")
+    if context.get("gpu_compute_capability"):
+        facts.append(f"compute capability {context['gpu_compute_capability']}")
+    if context.get("cuda_driver") or context.get("cuda_runtime"):
+        facts.append(f"CUDA driver {context.get('cuda_driver', '?')}, runtime {context.get('cuda_runtime', '?')}")
+    if facts:
+        parts[0] += " (" + ", ".join(facts) + ")"
+    if context.get("gpu_pcie"):
+        parts.append(f"PCI device {context['gpu_pcie']}")
+    if context.get("nvidia_smi"):
+        parts.append(f"`nvidia-smi`: {context['nvidia_smi']}")
+    return "; ".join(parts) + ".\n"
+
+
+def gbps(row: Row, counter: str | None = None) -> float | None:
+    """A row's GB/s: the counter when given and present, else Google Benchmark's bytes/s."""
+    if counter and row.get(counter) is not None:
+        return row.get(counter)
+    return gb(row.get("bytes_per_second"))
+
+
+def over(x: float | None, y: float | None) -> float | None:
+    return None if x is None or y is None or y == 0 else x / y
+
+
+def cuda_limit_rows(copies, staged, adam) -> list[list[str]]:
+    """One line per copy, staged and Adam row: what it reached, its limit and the ratio."""
+    body = []
+    for key, r in copies:
+        rate = gbps(r, "GBps")
+        if key == "pageable_h2d":
+            body.append([_CUDA_COPY_NAMES[key], fmt(rate, 1), "the pinned copy, same iteration",
+                         fmt(over(rate, r.get("vs_limit")), 1), fmt(r.get("vs_limit")), fmt_cv(r), "no goal"])
+        elif r.get("vs_limit") is not None:
+            gen, width = r.get("pcie_gen"), r.get("pcie_width")
+            link = f"PCIe Gen{gen:.0f} x{width:.0f} link" if gen and width else "PCIe link"
+            body.append([_CUDA_COPY_NAMES[key], fmt(rate, 1), link, fmt(r.get("link_GBps"), 1),
+                         fmt(r.get("vs_limit")), fmt_cv(r), "no goal"])
+        else:  # sysfs showed no usable link: the label says why
+            body.append([_CUDA_COPY_NAMES[key], fmt(rate, 1), r.label or "PCIe link unknown", "–", "–", "–",
+                         "no goal"])
+    for slots, chunk, r in staged:
+        disk, pcie = r.get("disk_GBps"), r.get("pcie_GBps")
+        disk_slower = disk is not None and (pcie is None or disk <= pcie)
+        limit = disk if disk_slower else pcie
+        hops = (f"disk hop alone (PCIe hop {fmt(pcie, 1)} GB/s)" if disk_slower
+                else f"PCIe hop alone (disk hop {fmt(disk, 2)} GB/s)")
+        ok = at_least(r.get("vs_limit"), CUDA_GOAL_STAGED)
+        body.append([f"staged disk → device, {slots} slots of {chunk} MiB", fmt(gbps(r, "staged_GBps"), 2),
+                     hops, fmt(limit, 2),
+                     fmt(r.get("vs_limit")), fmt_cv(r), f"{verdict(ok)} (≥ {CUDA_GOAL_STAGED})"])
+    for r in adam:
+        rate = gbps(r)
+        ok = at_least(r.get("vs_limit"), CUDA_GOAL_ADAM)
+        gparams = r.get("items_per_second")
+        body.append(["device AdamW step, fp16 gradients and copy" +
+                     (f" ({gparams / 1e9:.1f} G params/s)" if gparams else ""), fmt(rate, 0),
+                     "a device-to-device copy of the same bytes", fmt(over(rate, r.get("vs_limit")), 0),
+                     fmt(r.get("vs_limit")), fmt_cv(r), f"{verdict(ok)} (≥ {CUDA_GOAL_ADAM})"])
+    return body
+
+
+def stash_covered(r: Row) -> bool:
+    """The goal's premise: keep-all's compute per layer is at least one stash copy's time."""
+    return (r.get("covers") or 0.0) >= 1.0
+
+
+def stash_met(r: Row) -> bool:
+    return at_most(r.get("overhead"), CUDA_GOAL_STASH_OVERHEAD) and \
+        (r.get("peak_reduction") or 0.0) >= CUDA_GOAL_STASH_PEAK_REDUCTION
+
+
+def stash_passes_text(passes: int, r: Row) -> str:
+    actual = r.get("passes")
+    if passes == 0:
+        return f"sized to the stash: {actual:.0f}" if actual is not None else "sized to the stash"
+    return str(passes)
+
+
+def mib_pair(a: float | None, b: float | None) -> str:
+    return f"{fmt(to_mib(a), 0)} → {fmt(to_mib(b), 0)}"
+
+
+def to_mib(x: float | None) -> float | None:
+    return None if x is None else x / (1 << 20)
+
+
+def cuda_stash_rows(stash) -> list[list[str]]:
+    body = []
+    for passes, r in stash:
+        overhead = r.get("overhead")
+        red = r.get("peak_reduction")
+        goal = f"{verdict(stash_met(r))}" if stash_covered(r) else "– (copies not covered)"
+        body.append([stash_passes_text(passes, r), fmt(r.get("covers")), fmt(mul(r.get("keep_all_s"), 1e3), 1),
+                     fmt(mul(r.get("stash_s"), 1e3), 1), fmt(mul(overhead, 100), 1, " %"), fmt_cv(r, "overhead"),
+                     mib_pair(r.get("peak_bytes_keep_all"), r.get("peak_bytes_stash")) +
+                     f" ({fmt(mul(red, 100), 0)}% lower)",
+                     mib_pair(r.get("device_bytes_keep_all"), r.get("device_bytes_stash")), goal])
+    return body
+
+
+def mul(x: float | None, k: float) -> float | None:
+    return None if x is None else x * k
 
 
 def render_cuda(rep: BenchReport, ctx: Context) -> SectionOutput:
@@ -1492,17 +1620,159 @@ def render_cuda(rep: BenchReport, ctx: Context) -> SectionOutput:
     if not measured:
         reasons = sorted({r.error for r in rep.rows})
         return SectionOutput(f"Every row was skipped ({'; '.join(reasons) or 'no rows'}): run it on a machine with "
-                             "a GPU.\n", [Headline("CUDA path", "staged copies ≥ 0.9, device Adam ≥ 0.8",
+                             "a GPU.\n", [Headline("CUDA path", f"staged ≥ {CUDA_GOAL_STAGED}, device AdamW ≥ "
+                                                   f"{CUDA_GOAL_ADAM}, stash ≤ 5% at ≥ 45% lower peak",
                                                    "skipped (no GPU)", None)])
-    out = render_generic(rep, ctx)
+    (copy_m, staged_m, adam_m, stash_m), rest = classify(rep.rows, _CUDA_COPY_ROW, _CUDA_STAGED_ROW, _CUDA_ADAM_ROW,
+                                                         _CUDA_STASH_ROW)
+    copies = [(m.group(1), r) for m, r in copy_m]
+    staged = [(int(m.group(1)), int(m.group(2)), r) for m, r in staged_m]
+    adam = [r for _, r in adam_m]
+    stash = [(int(m.group(1)), r) for m, r in stash_m]
+    when = f"{gpu_name(rep.context)}, {rep.date()[:10]}"
+    out = [gpu_line(rep.context)]
+    if copies or staged or adam:
+        out.append("**Copies and the AdamW step against their limits** (medians; GB/s = 10^9 bytes/s; *cv*: the "
+                   "ratio's spread over repetitions):\n\n" +
+                   md_table(["row", "GB/s", "limit", "limit GB/s", "ratio", "cv", "goal"],
+                            cuda_limit_rows(copies, staged, adam), numeric_from=1))
+    if stash:
+        first = stash[0][1]
+        out.append(f"**The device stash against keeping every activation** ({fmt(first.get('layers'), 0)} layers "
+                   f"of {fmt(first.get('MiB'), 0)} MiB, {fmt(first.get('buffers'), 0)} device buffers, "
+                   f"{fmt(first.get('stashed_layers'), 0)} layers stashed; the stash's copies alone "
+                   f"{fmt(first.get('stash_out_GBps'), 1)} GB/s out, {fmt(first.get('stash_in_GBps'), 1)} GB/s in; "
+                   "*covers*: keep-all's compute per layer over one copy's time, the goal applies from 1):\n\n" +
+                   md_table(["passes per layer", "covers", "keep-all ms", "stash ms", "overhead", "cv",
+                             "peak MiB, keep-all → stash", "measured MiB", "goal"],
+                            cuda_stash_rows(stash), numeric_from=1))
+    if copies or staged or adam or stash:
+        out.append(figure_cuda(copies, staged, adam, stash, rep, ctx))
+    out.append(details(f"All rows ({len(rep.rows)})", generic_table(rep.rows)))
+    out.append(other_rows(rest))
+    out.append(skipped_rows(rep.rows))
+    return SectionOutput("\n".join(x for x in out if x), cuda_headlines(rep.rows, copies, staged, adam, stash, when))
+
+
+def failed_text(rows: list[Row], prefix: str) -> str | None:
+    """'failed: <error>' when a row of the group failed with an error other than no GPU."""
+    bad = [r for r in rows if r.error and r.name.startswith(prefix)]
+    return "failed: " + textwrap.shorten(bad[0].error, width=60, placeholder=" …") if bad else None
+
+
+def cuda_headlines(rows, copies, staged, adam, stash, when: str) -> list[Headline]:
     heads = []
-    for prefix, goal in CUDA_GOALS.items():
-        rows = [r for r in measured if r.name.split("/")[0] == prefix and r.get("vs_limit") is not None]
-        if rows:
-            heads.append(Headline(f"CUDA: {prefix.replace('_', ' ')}", f"vs_limit ≥ {goal}",
-                                  ", ".join(fmt(r.get("vs_limit")) for r in rows),
-                                  all(r.get("vs_limit") >= goal for r in rows)))
-    return SectionOutput(out.body, heads)
+    pinned = [(k, r) for k, r in copies if k.startswith("pinned")]
+    ratios = [(k, r) for k, r in pinned if r.get("vs_limit") is not None]
+    what, goal = "CUDA: pinned copies against the PCIe link", "none: the link's rate is a ceiling"
+    if ratios:
+        gen, width = ratios[0][1].get("pcie_gen"), ratios[0][1].get("pcie_width")
+        link = f" of Gen{gen:.0f} x{width:.0f}" if gen and width else ""
+        text = ", ".join(f"{'H2D' if k == 'pinned_h2d' else 'D2H'} {fmt(r.get('vs_limit'))}" for k, r in ratios) + link
+        heads.append(Headline(what, goal, text, None))
+    elif pinned:
+        heads.append(Headline(what, goal, "no ratio: sysfs shows no usable link", None))
+    for what, goal, group, prefix in (
+            ("CUDA: staged disk-to-device against its slower hop", CUDA_GOAL_STAGED, [r for _, _, r in staged],
+             "staged_disk_to_device"),
+            ("CUDA: device AdamW against a device copy", CUDA_GOAL_ADAM, adam, "device_adam")):
+        vals = [r.get("vs_limit") for r in group if r.get("vs_limit") is not None]
+        failed = failed_text(rows, prefix)
+        if failed:
+            heads.append(Headline(what, f"≥ {goal}", failed, False))
+        elif vals:
+            text = fmt(vals[0]) if len(vals) == 1 else f"min {fmt(min(vals))} of {len(vals)} rows"
+            heads.append(Headline(what, f"≥ {goal}", text, all(v >= goal for v in vals)))
+        else:
+            heads.append(Headline(what, f"≥ {goal}", "not measured", None))
+    what = "CUDA: device stash against keep-all, compute covering copies"
+    goal = f"≤ {100 * CUDA_GOAL_STASH_OVERHEAD:.0f}% at ≥ {100 * CUDA_GOAL_STASH_PEAK_REDUCTION:.0f}% lower peak"
+    covered = [(p, r) for p, r in stash if stash_covered(r)]
+    failed = failed_text(rows, "device_stash_overhead")
+    if failed:
+        heads.append(Headline(what, goal, failed, False))
+    elif covered:
+        p, worst = max(covered, key=lambda x: x[1].get("overhead") or 0.0)
+        passes = f"{fmt(worst.get('passes'), 0)} passes" + (" (sized to the stash)" if p == 0 else "")
+        text = (f"{fmt(mul(worst.get('overhead'), 100), 1)}% at a {fmt(mul(worst.get('peak_reduction'), 100), 0)}% "
+                f"lower peak, {passes}")
+        heads.append(Headline(what, goal, text, all(stash_met(r) for _, r in covered)))
+    elif stash:
+        best = max((r.get("covers") or 0.0) for _, r in stash)
+        heads.append(Headline(what, goal, f"no row's compute covered the copies (best {fmt(best)})", None))
+    else:
+        heads.append(Headline(what, goal, "not measured", None))
+    for h in heads:
+        h.when = when
+    return heads
+
+
+def figure_cuda(copies, staged, adam, stash, rep: BenchReport, ctx: Context) -> str:
+    """Left: every copy, staged and Adam row's share of its limit, with the goals; right: the
+    stash's overhead over keep-all by passes per layer, coloured by whether compute covers
+    its copies."""
+    panels = (1 if copies or staged or adam else 0) + (1 if stash else 0)
+    fig, axes = subplots(1, panels, squeeze=False, figsize=(6.2 * panels + 1.5, 4.0))
+    i = 0
+    if copies or staged or adam:
+        ax = axes[0][i]
+        i += 1
+        bars = []  # (label, ratio, goal, colour)
+        for key, r in copies:
+            name = _CUDA_COPY_NAMES[key].replace(", ", "\n")
+            bars.append((name + ("\nvs pinned" if key == "pageable_h2d" else "\nvs PCIe link"), r.get("vs_limit"),
+                         None, "tab:gray" if key == "pageable_h2d" else "tab:blue"))
+        for slots, chunk, r in staged:
+            bars.append((f"staged disk\n→ device\n{slots} × {chunk} MiB", r.get("vs_limit"), CUDA_GOAL_STAGED,
+                         "tab:green"))
+        for r in adam:
+            bars.append(("device AdamW\nvs device copy", r.get("vs_limit"), CUDA_GOAL_ADAM, "tab:purple"))
+        xs = list(range(len(bars)))
+        drawn = ax.bar(xs, [b[1] or 0.0 for b in bars], 0.6, color=[b[3] for b in bars])
+        annotate_bars(ax, drawn, [fmt(b[1]) for b in bars], fontsize=6)
+        for x, b in zip(xs, bars):
+            if b[2] is not None:
+                ax.plot([x - 0.35, x + 0.35], [b[2], b[2]], color="tab:red", linestyle="--", linewidth=1)
+        ax.axhline(1.0, color="0.4", linewidth=0.8)
+        ax.set_ylim(0, max([1.15] + [(b[1] or 0.0) * 1.12 for b in bars]))
+        ax.set_xticks(xs, [b[0] for b in bars], fontsize=6)
+        ax.set_ylabel("share of the row's limit")
+        ax.set_title("Copies and the AdamW step against their limits", fontsize=9)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:blue", "tab:gray", "tab:green", "tab:purple")]
+        handles.append(plt.Line2D([], [], color="tab:red", linestyle="--", linewidth=1))
+        legend_outside(ax, handles, ["pinned copy over the\nPCIe link's rate", "pageable copy over\nthe pinned one",
+                                     "staged copy over its\nslower hop alone", "AdamW step over a\ndevice copy",
+                                     "goal"])
+    if stash:
+        ax = axes[0][i]
+        labels = [stash_passes_text(p, r).replace("sized to the stash: ", "sized to\nthe stash:\n") for p, r in stash]
+        vals = [100 * (r.get("overhead") or 0.0) for _, r in stash]
+        # A linear axis around the goal: rows far above it are cut at the top (hatched) and
+        # carry their value.
+        covered_vals = [v for v, (_, r) in zip(vals, stash) if stash_covered(r)]
+        top = max([4 * 100 * CUDA_GOAL_STASH_OVERHEAD] + [1.3 * v for v in covered_vals])
+        xs = list(range(len(stash)))
+        drawn = ax.bar(xs, [min(v, top) for v in vals], 0.6,
+                       color=["tab:green" if stash_covered(r) else "tab:orange" for _, r in stash])
+        for bar, v in zip(drawn, vals):
+            if v > top:
+                bar.set_hatch("//")
+        annotate_bars(ax, drawn, [f"{v:.1f}%\ncovers {fmt(r.get('covers'))}" for v, (_, r) in zip(vals, stash)],
+                      fontsize=6)
+        ax.axhline(100 * CUDA_GOAL_STASH_OVERHEAD, color="tab:red", linestyle="--", linewidth=1)
+        ax.axhline(0, color="0.4", linewidth=0.8)
+        ax.set_ylim(min([0.0] + [1.3 * v for v in vals]), top * 1.2)
+        ax.set_xticks(xs, labels, fontsize=7)
+        ax.set_xlabel("passes per layer (compute per layer)", fontsize=8)
+        ax.set_ylabel("stash step time over keep-all, %")
+        red = stash[0][1].get("peak_reduction")
+        ax.set_title(f"Device stash: overhead at a {fmt(mul(red, 100), 0)}% lower peak", fontsize=9)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:green", "tab:orange")]
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.3", hatch="//"))
+        handles.append(plt.Line2D([], [], color="tab:red", linestyle="--", linewidth=1))
+        legend_outside(ax, handles, ["compute covers\nthe copies", "copies longer than\nthe compute",
+                                     "cut at the top\n(value on the bar)", "goal where compute\ncovers the copies: ≤ 5%"])
+    return ctx.figures.save(fig, "cuda", f"the CUDA path on {gpu_name(rep.context)}", rep.machine(), rep.date())
 
 
 # ---- Scale: GPT-2 sizes under a memory cap (scripts/bench_scale.py) ----------------------------
@@ -1652,8 +1922,9 @@ SECTIONS = [
             render_mini_gpt, "mini-GPT step time and loss"),
     Section("cuda", "The CUDA path (GPU)", "bench/bench_cuda.cu",
             "build/cuda/bench/bench_cuda --benchmark_out=build/bench/cuda.json --benchmark_out_format=json "
-            "--benchmark_repetitions=5 --benchmark_report_aggregates_only=true", render_cuda, "CUDA path",
-            "with the cuda preset built, on a machine with a GPU"),
+            "--benchmark_repetitions=3 --benchmark_report_aggregates_only=true", render_cuda, "CUDA path",
+            "with the cuda preset built, on a machine with a GPU; scripts/gpu_checks.sh writes the same run as "
+            "bench_cuda_r3.json"),
     Section("scale", "Scale: GPT-2 sizes under a memory cap", "scripts/bench_scale.py", "scripts/dev bench scale",
             render_scale, "GPT-2 sizes under a memory cap", "as root, with a memory cgroup; "
             "`scripts/dev bench scale --demo` adds GPT-2 XL", load=load_scale),

@@ -16,6 +16,10 @@ Checks, on real (smoke-size, trimmed) benchmark output:
 5. The update section's comparison with MLP-Offload finds its rows by name: without the
    baseline its figures are "–" (not another row's), and with only the reference row the
    section still renders.
+6. The CUDA section, from a synthetic cuda.json shaped as bench_cuda writes it (there is no
+   fixture: it needs a GPU): the GPU named, each row against its limit, the stash's rows and
+   goal (only where compute covers its copies), a plot; a run whose sysfs shows no link, a
+   failed row, and a run without a GPU (every row skipped).
 """
 
 import argparse
@@ -380,6 +384,136 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(by["a"].cv["vs_limit"], 0.25)
         self.assertEqual(by["a"].seconds(), 7.0)
         self.assertEqual(by["e"].error, "no fio")
+
+
+    def cuda_report(self, name: str, doc: dict) -> tuple[str, list[list[str]]]:
+        """The CUDA section of a report made from `doc` alone, and its summary lines' cells."""
+        d = self.work / name
+        d.mkdir()
+        (d / "cuda.json").write_text(json.dumps(doc))
+        out = self.work / f"{name}-out"
+        rc, err = run_report(self.report, d, out)
+        self.assertEqual(rc, 0, err)
+        text = (out / "benchmarks.md").read_text()
+        cuda = next(s for s in self.report.SECTIONS if s.key == "cuda")
+        summary = [[c.strip() for c in x.strip().strip("|").split("|")] for x in text.split("\n## ")[0].splitlines()
+                   if x.startswith("| CUDA")]
+        return sections_of(text)[cuda.title], summary
+
+    def test_cuda_section(self):
+        body, summary = self.cuda_report("cuda", synthetic_cuda())
+        self.assertNotIn("Not measured", body)
+        self.assertIn("Latest run: ", body)
+        self.assertIn("**GPU**: NVIDIA H100 80GB HBM3 (79.1 GiB", body)
+        self.assertIn("`nvidia-smi`: NVIDIA H100 80GB HBM3, 81559 MiB", body)
+        self.assertIn("| host → device, pinned | 53.1 | PCIe Gen5 x16 link | 63.0 | 0.84 |", body)
+        self.assertIn("| staged disk → device, 2 slots of 16 MiB | 2.29 | disk hop alone", body)
+        self.assertIn("| 0.88 | 2% | not met (≥ 0.9) |", body)
+        self.assertIn("| sized to the stash: 183 | 1.25 |", body)
+        self.assertIn("| 1152 → 320 (72% lower) |", body)
+        self.assertIn("– (copies not covered)", body)  # the rows whose copies the compute cannot hide
+        self.assertIn("(img/bench_cuda.png)", body)
+        png = (self.work / "cuda-out" / "img" / "bench_cuda.png").read_bytes()
+        self.assertTrue(png.startswith(PNG_MAGIC) and len(png) > 10_000)
+        self.assertIn("<details><summary>All rows", body)
+        self.assertLessEqual(visible_lines(body), 60)
+        for internal in ("device_stash_overhead", "pinned_h2d", "staged_disk_to_device", "device_adam"):
+            self.assertNotIn(internal, fold_out(body))
+        self.assertNotRegex(fold_out(body), r"\b(nan|inf)\b")
+        self.assertEqual(len(summary), 4)
+        for cells in summary:
+            self.assertEqual(len(cells), 5, cells)
+            self.assertTrue(all(len(c) <= 80 for c in cells), cells)
+            self.assertEqual(cells[3], "NVIDIA H100 80GB HBM3, 2026-12-06")
+        by = {cells[0]: cells for cells in summary}
+        self.assertEqual(by["CUDA: pinned copies against the PCIe link"][2], "H2D 0.84, D2H 0.82 of Gen5 x16")
+        self.assertEqual(by["CUDA: pinned copies against the PCIe link"][4], "–")
+        self.assertEqual(by["CUDA: staged disk-to-device against its slower hop"][4], "not met")
+        self.assertEqual(by["CUDA: device AdamW against a device copy"][4], "met")
+        stash = by["CUDA: device stash against keep-all, compute covering copies"]
+        self.assertEqual(stash[2], "3.4% at a 72% lower peak, 183 passes (sized to the stash)")
+        self.assertEqual(stash[4], "met")
+
+    def test_cuda_section_without_link_with_failures_and_without_gpu(self):
+        body, summary = self.cuda_report("cuda-nolink", synthetic_cuda(no_link=True, failed_stash=True))
+        self.assertIn("| host → device, pinned | 53.1 | PCIe limit unknown: sysfs shows no PCIe link", body)
+        self.assertIn("Skipped rows: `device_stash_overhead/passes:0/", body)
+        by = {cells[0]: cells for cells in summary}
+        self.assertEqual(by["CUDA: pinned copies against the PCIe link"][2], "no ratio: sysfs shows no usable link")
+        stash = by["CUDA: device stash against keep-all, compute covering copies"]
+        self.assertTrue(stash[2].startswith("failed: the stash's backward"), stash)
+        self.assertEqual(stash[4], "not met")
+        # No row whose compute covers the copies: no verdict, and the best covers named.
+        _, summary = self.cuda_report("cuda-uncovered", synthetic_cuda(covers_scale=0.5))
+        stash = next(c for c in summary if c[0].startswith("CUDA: device stash"))
+        self.assertEqual(stash[2], "no row's compute covered the copies (best 0.70)")
+        self.assertEqual(stash[4], "–")
+        # No GPU: every row skipped, one summary line saying so.
+        doc = synthetic_cuda()
+        for b in doc["benchmarks"]:
+            b.update(error_occurred=True, error_message="no usable CUDA device")
+        doc["context"] = {"date": "2026-12-06T10:15:00+00:00", "cpu_model": "AMD EPYC 7B13",
+                          "gpu": "no usable CUDA device (cudaErrorNoDevice)"}
+        body, summary = self.cuda_report("cuda-nogpu", doc)
+        self.assertIn("Every row was skipped (no usable CUDA device)", body)
+        self.assertEqual(len(summary), 1)
+        self.assertEqual(summary[0][2], "skipped (no GPU)")
+
+def synthetic_cuda(no_link: bool = False, failed_stash: bool = False, covers_scale: float = 1.0) -> dict:
+    """A cuda.json as bench_cuda writes it with --benchmark_repetitions=3
+    --benchmark_report_aggregates_only=true on an H100 (made-up figures)."""
+    def rows(run: str, ms: float, counters: dict, label: str = "", error: str = "") -> list[dict]:
+        out = []
+        for agg in ("mean", "median", "stddev", "cv"):
+            e = {"name": f"{run}_{agg}", "run_name": run, "run_type": "aggregate", "repetitions": 3, "threads": 1,
+                 "aggregate_name": agg, "time_unit": "ms", "family_index": 0, "per_family_instance_index": 0}
+            if error:
+                e.update(error_occurred=True, error_message=error)
+                out.append(e)
+                continue
+            k = {"mean": 1.0, "median": 1.0, "stddev": 0.02, "cv": 0.02}[agg]
+            e.update(real_time=ms * k, cpu_time=ms * k, **{c: (0.02 if agg == "cv" else v * k)
+                                                            for c, v in counters.items()})
+            if label:
+                e["label"] = label
+            out.append(e)
+        return out
+
+    gb, mib = 1e9, float(1 << 20)
+    link = {} if no_link else {"link_GBps": 63.0, "pcie_gen": 5, "pcie_width": 16}
+    label = ("PCIe limit unknown: sysfs shows no PCIe link for 0000:00:05.0 (a VM may hide it)" if no_link
+             else "PCIe Gen5 x16 (32.0 GT/s): 63.0 GB/s")
+    out = []
+    for run, rate in (("pinned_h2d/manual_time", 53.1), ("pinned_d2h/manual_time", 51.5)):
+        out += rows(run, 10.0, {"bytes_per_second": rate * gb, "GBps": rate, **link,
+                                **({} if no_link else {"vs_limit": rate / 63.0})}, label)
+    out += rows("pageable_h2d/manual_time", 28.0, {"bytes_per_second": 19.2 * gb, "vs_limit": 0.36})
+    for slots, chunk, v in ((2, 4, 0.93), (3, 4, 0.96), (2, 16, 0.88)):
+        out += rows(f"staged_disk_to_device/slots:{slots}/chunk_MiB:{chunk}/manual_time", 420.0,
+                    {"bytes_per_second": 2.4 * gb, "disk_GBps": 2.6, "pcie_GBps": 52.0, "staged_GBps": 2.6 * v,
+                     "vs_limit": v})
+    out += rows("device_adam/manual_time", 1.1, {"bytes_per_second": 2900 * gb, "items_per_second": 1.2e11,
+                                                  "vs_limit": 0.86})
+    for passes, covers, overhead in ((16, 0.09, 5.9), (64, 0.35, 1.4), (256, 1.4, 0.021), (0, 1.25, 0.034)):
+        run = f"device_stash_overhead/passes:{passes}/iterations:3/manual_time"
+        if failed_stash and passes == 0:
+            out += rows(run, 0, {}, error="the stash's backward computed another gradient than keep-all's")
+            continue
+        actual = passes or 183
+        keep = 16 * actual * 0.12e-3
+        out += rows(run, keep * (1 + overhead) * 1e3, {
+            "passes": actual, "layers": 16, "stashed_layers": 13, "buffers": 3, "MiB": 64, "keep_all_s": keep,
+            "stash_s": keep * (1 + overhead), "overhead": overhead, "vs_limit": 1 / (1 + overhead),
+            "peak_bytes_keep_all": 18 * 64 * mib, "peak_bytes_stash": 5 * 64 * mib, "peak_reduction": 1 - 5 / 18,
+            "device_bytes_keep_all": 18 * 64 * mib, "device_bytes_stash": 5 * 64 * mib, "stash_out_GBps": 9.6,
+            "stash_in_GBps": 8.7, "covers": covers * covers_scale, "bytes_per_second": 8.5 * gb},
+            f"sized to the stash: {actual} passes" if passes == 0 else "")
+    context = {"date": "2026-12-06T10:15:00+00:00", "num_cpus": 16, "cpu_model": "Intel(R) Xeon(R) Platinum 8480+",
+               "cuda_driver": "13.0", "cuda_runtime": "13.0", "gpu_model": "NVIDIA H100 80GB HBM3",
+               "gpu_memory_GiB": "79.1", "gpu_compute_capability": "9.0",
+               "gpu_pcie": "0000:19:00.0: max PCIe Gen5 x16 (32.0 GT/s), 63.0 GB/s per direction",
+               "nvidia_smi": "NVIDIA H100 80GB HBM3, 81559 MiB, 580.65.06, 5, 16"}
+    return {"context": context, "benchmarks": out}
 
 
 def fold_out(body: str) -> str:
