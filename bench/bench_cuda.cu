@@ -598,6 +598,13 @@ struct step_time {
     double forward = 0;   // CUDA events on the compute stream
     double backward = 0;
     std::uint32_t checksum = 0;
+    /// Adds o's times (the checksum stays: sums of steps have none).
+    step_time& operator+=(const step_time& o) {
+        wall += o.wall;
+        forward += o.forward;
+        backward += o.backward;
+        return *this;
+    }
 };
 
 /// Both variants' buffers, the compute stream and the stash.
@@ -831,12 +838,8 @@ void device_stash_overhead(benchmark::State& state) {
                 return;
             }
             state.SetIterationTime(b.wall);
-            keep_sum.wall += a.wall;
-            keep_sum.forward += a.forward;
-            keep_sum.backward += a.backward;
-            stash_sum.wall += b.wall;
-            stash_sum.forward += b.forward;
-            stash_sum.backward += b.backward;
+            keep_sum += a;
+            stash_sum += b;
             ++step;
         }
         const double steps = static_cast<double>(state.iterations());

@@ -2,10 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # scripts/gpu_checks.sh: every check that needs a GPU, as one prepared run.
 #
-#   scripts/gpu_checks.sh              run the checks (on the machine with the GPU)
+#   scripts/gpu_checks.sh [STAGE...]   run the checks (on the machine with the GPU): the
+#                                      stages named, in this order, or all of them:
+#                                      tests bench bench3 scale
 #   scripts/gpu_checks.sh --fetch-deps download the Debian packages the build needs into
 #                                      build/gpu-deps/ (on a machine that reaches Debian's
 #                                      archive), for a GPU machine that reaches nothing
+#
+# A device session of about 15 minutes fits two calls on one warm machine (the build stays
+# between calls): `gpu_checks.sh tests bench`, then `gpu_checks.sh bench3 scale`.
 #
 # The run, step by step:
 #   1. Name the GPU, its driver and the CUDA toolkit (gpu.txt). No GPU: exit 3, nothing passes.
@@ -14,22 +19,26 @@
 #      in build/gpu-deps/ (from --fetch-deps, carried to the machine) into
 #      build/gpu-deps/root, not into /, or where none were carried, installed with apt-get
 #      as scripts/dev does (as root). Ninja is used when present, else Make.
-#   3. Configure the cuda preset (build/cuda, or $SPILLWAY_GPU_BUILD_DIR) and build only what
-#      the checks run.
-#   4. Run the GPU tests (ctest -L gpu: device tier conformance, staged round trips, device
-#      Adam against the CPU step, the stash with device tensors, the gpu_offload example's
-#      GPU-vs-CPU loss check, the CUDA benchmark's smoke pass). A skipped test fails the run:
-#      on a machine with a GPU a skip means the checks did not run (a driver too old for the
-#      toolkit, say).
-#   5. Run the CUDA benchmark once (one repetition) to bench_cuda.json, then, unless
-#      SKIP_BENCH_REPEAT=1, with 3 repetitions (medians) to bench_cuda_r3.json.
-# Results go under $OUT when it is set (else build/gpu-checks; relative paths, here and in
-# SPILLWAY_GPU_BUILD_DIR, are from the repository root): summary.txt, gpu.txt, configure.log,
-# build.log, ctest.log, junit.xml, bench_cuda.{json,txt}, bench_cuda_r3.{json,txt}.
-# Exit status: 0 when every test passed (none skipped) and the benchmark ran; 2 set-up or
-# build failed; 3 no GPU; 4 a test was skipped; else ctest's or the benchmark's status.
-# Environment: SPILLWAY_JOBS (build parallelism, default: the number of cores), SKIP_BENCH=1
-# (no step 5), SKIP_BENCH_REPEAT=1 (step 5's first pass only).
+#   3. Configure the cuda preset (build/cuda, or $SPILLWAY_GPU_BUILD_DIR) unless configured,
+#      and build only what the checks run.
+#   4. tests: the GPU tests (ctest -L gpu: device tier conformance, staged round trips,
+#      device Adam against the CPU step, the stash with device tensors, the gpu_offload
+#      example's GPU-vs-CPU loss checks, resident and within a budget, the CUDA benchmark's
+#      smoke pass). A skipped test fails the run: on a machine with a GPU a skip means the
+#      checks did not run (a driver too old for the toolkit, say).
+#   5. bench: the CUDA benchmark once (one repetition) to bench_cuda.json, so a short session
+#      still gets every row; bench3: again with 3 repetitions (medians) to bench_cuda_r3.json.
+#   6. scale: gpu_offload with its weights off the device: an 8 x 8192 MLP resident and in a
+#      640 MiB budget (what streaming costs), then 32 x 8192 (2.1 G params) in a 2 GiB budget
+#      (gpu_offload_*.json, .txt).
+# Results go to <build>/gpu-checks (relative paths in SPILLWAY_GPU_BUILD_DIR are from the
+# repository root): summary.txt (what each stage did), gpu.txt, configure.log, build.log,
+# ctest.log, junit.xml, bench_cuda*.json and .txt, gpu_offload_*.json and .txt. Where $OUT
+# is set, summary.txt, ctest.log and the benchmark JSON are copied there, with everything as
+# gpu-checks.tar.gz (a device machine sends back at most 8 files).
+# Exit status: 0 when every stage asked for passed (no test skipped); 2 set-up or build
+# failed; 3 no GPU; 4 a test was skipped; else the first failing stage's status.
+# Environment: SPILLWAY_JOBS (build parallelism, default: the number of cores).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
@@ -45,13 +54,34 @@ if [ "${1:-}" = --fetch-deps ]; then
   echo "carry build/gpu-deps to the GPU machine; gpu_checks.sh unpacks what it lacks"
   exit 0
 fi
-[ $# -eq 0 ] || { echo "usage: scripts/gpu_checks.sh [--fetch-deps]" >&2; exit 2; }
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(tests bench bench3 scale)
+for st in "${stages[@]}"; do
+  case "$st" in
+    tests|bench|bench3|scale) ;;
+    *) echo "usage: scripts/gpu_checks.sh [--fetch-deps | tests bench bench3 scale]: no stage $st" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 # Absolute from here on: ctest and the benchmark run in other folders.
-out=$(realpath -m "${OUT:-build/gpu-checks}")
 build=$(realpath -m "${SPILLWAY_GPU_BUILD_DIR:-build/cuda}")
+out=$build/gpu-checks  # kept between calls on one machine, like the build
 jobs=${SPILLWAY_JOBS:-$(nproc)}
 mkdir -p "$out"
+# A device machine sends back at most 8 files from $OUT: the summary, the test log, the
+# benchmark JSON and everything else as one archive.
+# shellcheck disable=SC2317  # run by the EXIT trap
+deliver() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  local f
+  for f in summary.txt ctest.log bench_cuda.json bench_cuda_r3.json; do
+    [ -f "$out/$f" ] && cp "$out/$f" "$OUT/"
+  done
+  tar -czf "$OUT/gpu-checks.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+}
+trap deliver EXIT
 log() { printf '[gpu_checks %4ds] %s\n' "$SECONDS" "$*" | tee -a "$out/summary.txt"; }
 
 # 1. The GPU, its driver, the toolkit.
@@ -122,21 +152,26 @@ if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.lo
   log "build failed"; tail -80 "$out/build.log"; exit 2
 fi
 
+status=0
+fail() { [ "$status" -ne 0 ] || status=$1; }  # keeps the first failing stage's status
+
 # 4. The GPU tests.
-log "ctest -L gpu"
-ctest --test-dir "$build" -L gpu --output-on-failure --output-junit "$out/junit.xml" > "$out/ctest.log" 2>&1
-test_rc=$?
-tail -40 "$out/ctest.log"
-log "ctest exit status $test_rc"
-skipped=$(grep -E '\*\*\*Skipped|Not Run' "$out/ctest.log" | sed 's/^ *//')
-if [ -n "$skipped" ]; then
-  log "skipped on a machine with a GPU (a failure here):"
-  printf '%s\n' "$skipped" | tee -a "$out/summary.txt"
-  [ "$test_rc" -eq 0 ] && test_rc=4
+if wants tests; then
+  log "ctest -L gpu"
+  ctest --test-dir "$build" -L gpu --timeout 240 --output-on-failure --output-junit "$out/junit.xml" > "$out/ctest.log" 2>&1
+  rc=$?
+  tail -40 "$out/ctest.log"
+  log "ctest exit status $rc"
+  skipped=$(grep -E '\*\*\*Skipped|Not Run' "$out/ctest.log" | sed 's/^ *//')
+  if [ -n "$skipped" ]; then
+    log "skipped on a machine with a GPU (a failure here):"
+    printf '%s\n' "$skipped" | tee -a "$out/summary.txt"
+    [ "$rc" -eq 0 ] && rc=4
+  fi
+  [ "$rc" -eq 0 ] || fail "$rc"
 fi
 
 # 5. The benchmark: one repetition first, so a short device session still gets every row.
-bench_rc=0
 run_bench() {  # run_bench NAME REPETITIONS
   log "bench_cuda, $2 repetition(s) -> $1.json"
   mkdir -p "$build/bench/scratch"
@@ -146,14 +181,31 @@ run_bench() {  # run_bench NAME REPETITIONS
   local rc=$?
   cat "$out/$1.txt"
   log "bench_cuda exit status $rc"
-  return $rc
+  [ "$rc" -eq 0 ] || fail "$rc"
 }
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  run_bench bench_cuda 1 || bench_rc=$?
-  if [ "$bench_rc" -eq 0 ] && [ "${SKIP_BENCH_REPEAT:-0}" != 1 ]; then
-    run_bench bench_cuda_r3 3 || bench_rc=$?
+wants bench && run_bench bench_cuda 1
+wants bench3 && run_bench bench_cuda_r3 3
+
+# 6. How large a model trains within a device budget.
+run_offload() {  # run_offload NAME TIMEOUT_S ARGS...
+  local name=$1 limit=$2
+  shift 2
+  log "gpu_offload $* -> $name.json"
+  timeout "$limit" "$build/examples/gpu_offload/gpu_offload" --mode gpu "$@" --report "$out/$name.json" \
+    > "$out/$name.txt" 2>&1
+  local rc=$?
+  tail -25 "$out/$name.txt"
+  # Exit 1 after the report is written means the loss did not drop in a short run: a
+  # training check, not a failed measurement; the report says which.
+  log "gpu_offload exit status $rc$([ "$rc" -eq 124 ] && echo " (stopped at ${limit} s)")"
+  if [ "$rc" -gt 1 ] || [ ! -s "$out/$name.json" ]; then
+    fail "$([ "$rc" -eq 0 ] && echo 1 || echo "$rc")"
   fi
+}
+if wants scale; then
+  run_offload gpu_offload_resident 240 --steps 4 --layers 8 --hidden 8192
+  run_offload gpu_offload_640M 240 --steps 4 --layers 8 --hidden 8192 --device-budget 640M
+  run_offload gpu_offload_2G 480 --steps 3 --layers 32 --hidden 8192 --device-budget 2G
 fi
-log "done: tests $test_rc, benchmark $bench_rc"
-[ "$test_rc" -ne 0 ] && exit "$test_rc"
-exit "$bench_rc"
+log "done: ${stages[*]}: exit status $status"
+exit "$status"
