@@ -119,7 +119,7 @@ public:
     /// completion is ready. Errors (capacity, allocation, CUDA) are thrown by the
     /// completion's wait().
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         const std::size_t n = bytes.size();
         stats_.begin(io_direction::write);
         std::unique_lock lock(mutex_);
@@ -167,7 +167,7 @@ public:
     /// comment). A missing key (ENOENT) or a wrong size (std::invalid_argument) is thrown by
     /// wait().
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
-        validate_key(key);
+        check_key(key);
         const std::size_t n = bytes.size();
         stats_.begin(io_direction::read);
         try {
@@ -193,7 +193,7 @@ public:
     /// Removes the blob (freed in stream order, after the reads already enqueued); false
     /// when there was none.
     bool erase(std::string_view key) {
-        validate_key(key);
+        check_key(key);
         std::lock_guard lock(mutex_);
         auto it = blobs_.find(std::string(key));
         if (it == blobs_.end()) return false;
@@ -285,6 +285,15 @@ private:
                    op->what);
         op.release();  // the callback owns it now
         return handle;
+    }
+
+    // validate_key() with the tier's name in front of its message (the storage_tier contract).
+    void check_key(std::string_view key) const {
+        try {
+            validate_key(key);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(name_ + ": " + e.what());
+        }
     }
 
     [[nodiscard]] std::string describe(std::string_view op, std::string_view key, std::size_t n) const {
