@@ -39,28 +39,11 @@
 #include "cuda/host_cudart.hpp"
 #include "support/random_bytes.hpp"
 #include "support/temp_dir.hpp"
+#include "cuda/device_test_support.hpp"
 #include "tier/conformance_cases.hpp"
 
 static_assert(spillway::storage_tier<spillway::cuda::device_tier>);
 
-namespace spillway::test::conformance {
-/// device_tier on (emulated) device 0.
-struct device_factory {
-    using tier_type = spillway::cuda::device_tier;
-    static std::string name() { return "device(emulated)"; }
-    static auto bounded_args(tier_env&, std::size_t capacity) {
-        spillway::cuda::device_tier_options o;
-        o.capacity = capacity;
-        return std::tuple(std::move(o));
-    }
-    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
-};
-/// The same tier, handed caller buffers in pinned memory.
-struct device_pinned_factory : device_factory {
-    using buffer_type = std::vector<std::byte, spillway::cuda::pinned_allocator<std::byte>>;
-    static std::string name() { return "device(emulated, pinned buffers)"; }
-};
-}  // namespace spillway::test::conformance
 
 SPILLWAY_CONFORMANCE_SUITE(device_factory, throttled_of<device_factory>, faulty_of<device_factory>,
                            device_pinned_factory);
@@ -79,26 +62,10 @@ using spillway::test::conformance::check_system_error;
 using spillway::test::conformance::run;
 
 namespace {
+using spillway::test::device_bytes;
+using spillway::test::to_host;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-/// (Emulated) device memory for a test, freed at scope exit.
-struct device_bytes {
-    explicit device_bytes(std::size_t n) : size(n) {
-        sc::check_cuda(cudaMalloc(&ptr, n == 0 ? 1 : n), "cudaMalloc", "test buffer");
-    }
-    ~device_bytes() { cudaFree(ptr); }
-    device_bytes(const device_bytes&) = delete;
-    device_bytes& operator=(const device_bytes&) = delete;
-    void* ptr = nullptr;
-    std::size_t size;
-};
-
-/// d's bytes; the caller first synchronises the streams that wrote d.
-std::vector<std::byte> to_host(const device_bytes& d) {
-    std::vector<std::byte> out(d.size);
-    sc::check_cuda(cudaMemcpy(out.data(), d.ptr, d.size, cudaMemcpyDeviceToHost), "cudaMemcpy", "to_host");
-    return out;
-}
 
 /// A stand-in for a kernel that runs `ms` milliseconds on `stream`.
 void spin(cudaStream_t stream, int ms) {

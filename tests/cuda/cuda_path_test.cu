@@ -32,6 +32,7 @@
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
 
+#include "cuda/device_test_support.hpp"
 #include "cuda/gpu_skip.hpp"
 #include "support/random_bytes.hpp"
 #include "support/temp_dir.hpp"
@@ -56,27 +57,10 @@ namespace sc = spillway::cuda;
 namespace test = spillway::test;
 
 namespace {
+using spillway::test::device_bytes;
+using spillway::test::to_host;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-/// Device memory for a test (freed at scope exit).
-struct device_bytes {
-    explicit device_bytes(std::size_t n) : size(n) {
-        sc::check_cuda(cudaMalloc(&ptr, n == 0 ? 1 : n), "cudaMalloc", "test buffer");
-    }
-    ~device_bytes() { cudaFree(ptr); }
-    device_bytes(const device_bytes&) = delete;
-    device_bytes& operator=(const device_bytes&) = delete;
-    void* ptr = nullptr;
-    std::size_t size;
-};
-
-/// d's bytes. The caller first synchronises the streams that wrote d: this copy runs on the
-/// legacy default stream, which does not wait for non-blocking streams.
-std::vector<std::byte> to_host(const device_bytes& d) {
-    std::vector<std::byte> out(d.size);
-    sc::check_cuda(cudaMemcpy(out.data(), d.ptr, d.size, cudaMemcpyDeviceToHost), "cudaMemcpy", "to_host");
-    return out;
-}
 
 /// Spins on the GPU for about `ms` milliseconds (makes "the host did not wait" observable).
 __global__ void spin_kernel(long long cycles) {

@@ -23,27 +23,9 @@
 #include <spillway/cuda/thrust_widen.hpp>
 
 #include "cuda/gpu_skip.hpp"
+#include "cuda/device_test_support.hpp"
 #include "tier/conformance_cases.hpp"
 
-namespace spillway::test::conformance {
-/// device_tier on device 0.
-struct device_factory {
-    using tier_type = spillway::cuda::device_tier;
-    static std::string name() { return "device"; }
-    static auto bounded_args(tier_env&, std::size_t capacity) {
-        spillway::cuda::device_tier_options o;
-        o.capacity = capacity;
-        return std::tuple(std::move(o));
-    }
-    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
-};
-/// The same tier, handed caller buffers in pinned memory: the asynchronous path (with the
-/// pageable buffers of device_factory every copy is staged, and waits).
-struct device_pinned_factory : device_factory {
-    using buffer_type = std::vector<std::byte, spillway::cuda::pinned_allocator<std::byte>>;
-    static std::string name() { return "device(pinned buffers)"; }
-};
-}  // namespace spillway::test::conformance
 
 SPILLWAY_CONFORMANCE_SUITE(device_factory, throttled_of<device_factory>, faulty_of<device_factory>,
                            device_pinned_factory);
