@@ -22,6 +22,7 @@
 #include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/adam.hpp"
 #include "spillway/optim/adam_formula.hpp"
+#include "spillway/optim/step_hparams.hpp"
 #include "spillway/optim/half.hpp"
 #include "spillway/optim/pipeline_config.hpp"
 #include "spillway/optim/update_pipeline.hpp"
