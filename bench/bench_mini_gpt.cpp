@@ -53,7 +53,7 @@
 //    bytes alone cost the machine).
 //  - step/gpt2_124M_2path/all/ranks:1: the optimizer state over two paths, the scratch
 //    directory and /dev/shm (`--path` twice: the virtual tier places the subgroups by the
-//    paths' measured bandwidth, as issue 7 describes with "a disk path and a second path"); the
+//    paths' measured bandwidth: a disk path and a second path); the
 //    activations on the first. The premise counts the optimizer's bytes at the two paths'
 //    summed bandwidth.
 //  - step/gpt2_124M_sync/all/ranks:1: the `all` row with --update-under-forward off and

@@ -1491,7 +1491,7 @@ _CUDA_ADAM_ROW = re.compile(r"^device_adam(?:/|$)")
 _CUDA_STASH_ROW = re.compile(r"^device_stash_overhead/passes:(\d+)")
 _CUDA_COPY_NAMES = {"pinned_h2d": "host → device, pinned", "pinned_d2h": "device → host, pinned",
                     "pageable_h2d": "host → device, pageable"}
-# Goals of issue 37: staged copies against their slower hop, the device AdamW step against a
+# Goals of the CUDA pieces: staged copies against their slower hop, the device AdamW step against a
 # device copy of its bytes, the device stash's overhead and peak (where compute covers its
 # copies). Pinned copies are shown against the PCIe link, without a goal.
 CUDA_GOAL_STAGED, CUDA_GOAL_ADAM = 0.9, 0.8

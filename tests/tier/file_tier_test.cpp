@@ -594,8 +594,8 @@ std::string slurp(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("file_tier never writes through a hard link: a cp -al snapshot keeps its contents") {
-    // Issue 35: a rewritten key's old file becomes a spare; writing into a spare that has
-    // another link (here the snapshot's) overwrote the snapshot.
+    // A rewritten key's old file becomes a spare; writing into a spare that has another link
+    // (here the snapshot's) would overwrite the snapshot, so the tier never reuses such a file.
     test::temp_dir root("ft-hardlink");
     const auto dir = root.path() / "tier", snap = root.path() / "snap";
     fs::create_directory(dir);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// --offload params over several --paths (issue 33): the streams are striped by layer over
+// --offload params over several --paths: the streams are striped by layer over
 // every path (layer l on path l mod P), the bits do not change, each step's bytes are
 // reported per path, and each path's free space is checked at start for its share.
 #include <doctest/doctest.h>

@@ -518,7 +518,7 @@ TEST_CASE(
     CHECK(b[0] < a[0]);
 }
 
-// ---- --offload params: parameters and gradients leave memory too (issue 33) --------------
+// ---- --offload params: parameters and gradients leave memory too ------------------------
 
 namespace {
 
