@@ -330,10 +330,14 @@ def subplots(*args, **kwargs):
     return plt.subplots(*args, layout="constrained", **kwargs)
 
 
-def goal_line(ax, y: float, text: str, color: str = "tab:red") -> None:
-    ax.axhline(y, color=color, linestyle="--", linewidth=1)
-    ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 2),
-                textcoords="offset points", ha="right", va="bottom", fontsize=7, color=color)
+def goal_line(ax, y: float, text: str, color: str = "tab:red", on_plot: bool = True):
+    """A dashed line at y. Labelled on the plot at its right end, or (on_plot=False, where bars
+    could sit under the label) returned as a legend handle for `text`."""
+    line = ax.axhline(y, color=color, linestyle="--", linewidth=1, label=None if on_plot else text)
+    if on_plot:
+        ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color=color)
+    return line
 
 
 def legend_outside(ax, handles=None, labels=None, fontsize: int = 7) -> None:
@@ -710,7 +714,7 @@ def render_virtual_tier(rep: BenchReport, ctx: Context) -> SectionOutput:
 
 def figure_virtual(aggregate, contention, rep: BenchReport, ctx: Context) -> str:
     panels = (1 if aggregate else 0) + (1 if contention else 0)
-    wide = 0.7 * max(0, len(aggregate) - 2)  # room for each aggregate row past two
+    wide = 1.2 * max(0, len(aggregate) - 2)  # room for each aggregate row past two
     fig, axes = subplots(1, panels, squeeze=False, figsize=(5.2 * panels + wide, 3.6))
     ax_i = 0
     if aggregate:
@@ -728,10 +732,14 @@ def figure_virtual(aggregate, contention, rep: BenchReport, ctx: Context) -> str
             bar = ax.bar(k + 0.2, mb(r.get("vt_bytes_per_second", r.get("bytes_per_second"))) or 0.0, 0.38,
                          color="tab:orange",
                          label="virtual tier over them" if k == 0 else None)
-            annotate_bars(ax, bar, [f"{fmt(r.get('vs_limit'))} of the sum"])
-        ax.set_xticks(range(len(aggregate)), [f"{n} paths\n{kind}" for n, kind, _ in aggregate], fontsize=7)
+            # The ratio over the pair, above the taller of its two bars.
+            top = max(bottom, bar[0].get_height())
+            ax.annotate(f"{fmt(r.get('vs_limit'))}\nof the sum", (k, top), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(aggregate)), [f"{n} paths\n" + textwrap.fill(kind, 12) for n, kind, _ in aggregate],
+                      fontsize=7)
         ax.set_ylabel("MB/s (write then read back)")
-        ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.18)
         ax.set_title("Virtual tier (orange) against its paths measured alone (stacked)", fontsize=9)
         legend_outside(ax)
     if contention:
@@ -1152,34 +1160,40 @@ def rate_text(mbps, need) -> str:
 
 def figure_stash_summary(rows, rep: BenchReport, ctx: Context) -> str:
     """Peak and overhead of every stash row against its goals, from stash.json."""
-    fig, (ax, ax2) = subplots(1, 2, figsize=(12, 3.8))
+    fig, (ax, ax2) = subplots(1, 2, figsize=(max(12, 1.7 * len(rows) + 2), 4.2))
     labels = []
     for x in rows:
         r = x["row"]
         rate = r.get("rate_GBps", x["MBps"] / 1e3)
-        labels.append(f"{x['tier']} tier\n{rate_text(rate * 1e3 if rate else None, r.get('need_GBps'))}\n"
-                      f"{x['split']}")
+        # One fact a line, so that neighbouring labels never run into each other.
+        labels.append(f"{x['tier']} tier\n" + rate_text(rate * 1e3 if rate else None, r.get('need_GBps')).replace(" (", "\n(")
+                      + f"\n{x['split']}")
     colors = ["tab:green" if x["fast"] else "tab:orange" for x in rows]
     xs = list(range(len(rows)))
     bars = ax.bar(xs, [x["row"].get("peak_ratio") or 0.0 for x in rows], 0.6, color=colors)
     annotate_bars(ax, bars, [fmt(x["row"].get("peak_ratio")) for x in rows], fontsize=6)
-    goal_line(ax, STASH_GOAL_PEAK, f"goal when the tier is fast enough: ≤ {STASH_GOAL_PEAK}")
+    peak_goal = goal_line(ax, STASH_GOAL_PEAK, f"peak goal, tier fast enough: ≤ {STASH_GOAL_PEAK}", on_plot=False)
     ax.axhline(1.0, color="0.4", linewidth=0.8)
-    ax.set_ylim(0, 1.15)
+    ax.set_ylim(0, max([1.0] + [x["row"].get("peak_ratio") or 0.0 for x in rows]) * 1.15)
     ax.set_ylabel("peak memory / keeping everything")
     ax.set_title("Activation peak", fontsize=9)
     ax.set_xticks(xs, labels, fontsize=6)
     over = [100 * (x["row"].get("overhead") or 0.0) for x in rows]
     bars = ax2.bar(xs, over, 0.6, color=colors)
     annotate_bars(ax2, bars, [f"{v:.1f}%" for v in over], fontsize=6)
-    goal_line(ax2, 100 * STASH_GOAL_OVERHEAD, "goal, tier fast enough: ≤ 5%")
-    goal_line(ax2, 100 * STASH_GOAL_OVERHEAD_SLOW, "goal, tier too slow: ≤ 10%", color="tab:orange")
-    ax2.set_ylim(min(0.0, min(over) * 1.2), 100 * STASH_GOAL_OVERHEAD_SLOW * 1.2)
+    fast_goal = goal_line(ax2, 100 * STASH_GOAL_OVERHEAD, "overhead goal, tier fast enough: ≤ 5%", on_plot=False)
+    slow_goal = goal_line(ax2, 100 * STASH_GOAL_OVERHEAD_SLOW, "overhead goal, tier too slow: ≤ 10%",
+                          color="tab:orange", on_plot=False)
+    ax2.set_ylim(min(0.0, min(over) * 1.25), max([100 * STASH_GOAL_OVERHEAD_SLOW] + over) * 1.2)
     ax2.set_ylabel("step time over keeping everything, %")
     ax2.set_title("Step-time overhead", fontsize=9)
     ax2.set_xticks(xs, labels, fontsize=6)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:green", "tab:orange")]
-    legend_outside(ax2, handles, ["tier fast enough\nto hide the I/O", "tier too slow\n(or offload all)"])
+    legend_outside(ax2, handles + [peak_goal, fast_goal, slow_goal],
+                   ["tier fast enough\nto hide the I/O", "tier too slow\n(or offload all)",
+                    f"peak goal (left), tier fast\nenough: ≤ {STASH_GOAL_PEAK}",
+                    f"overhead goal, tier fast\nenough: ≤ {100 * STASH_GOAL_OVERHEAD:g}%",
+                    f"overhead goal, tier too\nslow: ≤ {100 * STASH_GOAL_OVERHEAD_SLOW:g}%"])
     return ctx.figures.save(fig, "stash", "stash peak and overhead against keeping everything", rep.machine(),
                             rep.date())
 
@@ -1899,16 +1913,19 @@ def figure_scale(doc: dict, rep: ScaleReport, ctx: Context) -> str:
             ok = r.get("status") == "ok" and r.get("peak_rss_bytes") is not None
             xs.append(i + (j - (len(modes) - 1) / 2) * width)
             hs.append(gib(r["peak_rss_bytes"]) if ok else gib(cap) or 0)
-            texts.append(fmt(gib(r["peak_rss_bytes"])) if ok else r.get("status", "–").replace(" by the ", "\nby the "))
-            hatches.append("" if ok else "//")
+            texts.append(fmt(gib(r["peak_rss_bytes"])) if ok else None)
+            hatches.append("" if ok else r.get("status", "did not finish").replace(" by the ", "\nby the "))
         bars = ax1.bar(xs, hs, width, color=colors[j % len(colors)], label=f"--offload {mode}")
         for b, h in zip(bars, hatches):
-            if h:
-                b.set_hatch(h)
+            if h:  # a run that did not finish: hatched, its status inside the bar
+                b.set_hatch("//")
                 b.set_alpha(0.4)
+                ax1.annotate(h, (b.get_x() + b.get_width() / 2, b.get_height() / 2), ha="center", va="center",
+                             fontsize=6, rotation=90, bbox=dict(facecolor="white", edgecolor="none", pad=1))
         annotate_bars(ax1, bars, texts, fontsize=6)
     if cap:
-        goal_line(ax1, gib(cap), "the cap", color="tab:red")
+        goal_line(ax1, gib(cap), f"the cap, {fmt(gib(cap))} GiB", color="tab:red", on_plot=False)
+        ax1.set_ylim(0, gib(cap) * 1.12)
     ax1.set_xticks(range(len(models)), [labels[m] for m in models], fontsize=8)
     ax1.set_ylabel("peak RSS, GiB")
     ax1.set_title("Peak memory of a training run (hatched: did not finish)", fontsize=9)

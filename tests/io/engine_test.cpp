@@ -26,8 +26,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "support/skip.hpp"
 #include "support/random_bytes.hpp"
+#include "support/skip.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace spillway;
