@@ -52,18 +52,11 @@
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/stash/activation_stash.hpp"
+#include "spillway/stash/layer_tensor.hpp"
 #include "spillway/stash/tensor_desc.hpp"
 #include "spillway/tier/storage_tier.hpp"
 
 namespace spillway {
-
-/// One tensor a layer saves for its backward: its name (how calls and messages refer to it),
-/// its element count and its element type.
-struct layer_tensor {
-    std::string name;         ///< Unique among the layer's tensors.
-    std::size_t count = 0;    ///< Elements (the tensor is saved as shape {count}).
-    dtype type = dtype::f32;  ///< Element type; load<T>() and output<T>() need sizeof(T) to match.
-};
 
 /// Options of a layer_stash.
 struct layer_stash_options {
