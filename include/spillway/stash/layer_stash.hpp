@@ -187,6 +187,7 @@ public:
     void share(std::size_t layer, std::string_view name, std::string_view what, std::size_t scope) {
         const std::size_t i = index(name);
         slot& s = at(layer, i);
+        if (!stash_.grad_enabled()) return;  // a no-grad scope saved nothing to share
         expect_argument(
             live(s), "layer_stash::share: " + label(layer, i) + " is not saved (save() it first)");
         // The identity matches a live tensor, so the stash takes a reference without reading
