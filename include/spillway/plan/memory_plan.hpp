@@ -27,10 +27,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <stdexcept>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spillway/human_bytes.hpp"
+#include "spillway/stream/param_stream_options.hpp"
 
 namespace spillway {
 
@@ -48,6 +51,18 @@ struct stream_demand {
     std::size_t whole = 0;     ///< The window that holds every layer; more is never given.
     std::size_t weight = 1;    ///< Its share of the surplus: its bytes per parameter.
 };
+
+/// The demand of a param_stream over layers of `layer_nbytes` with `options`: its smallest
+/// window smallest_budget(layer_nbytes, options), its whole every layer's charge_of(). The
+/// window plan_memory() gives it is the stream's param_stream_options::memory_budget.
+[[nodiscard]] inline stream_demand layer_stream(std::string name,
+                                                std::span<const std::size_t> layer_nbytes,
+                                                std::size_t weight,
+                                                const param_stream_options& options = {}) {
+    stream_demand d{std::move(name), smallest_budget(layer_nbytes, options), 0, weight};
+    for (auto n : layer_nbytes) d.whole += charge_of(n, options.pages);
+    return d;
+}
 
 /// What plan_memory() splits.
 struct memory_request {
