@@ -39,8 +39,8 @@ namespace spillway {
 
 /// A part of the budget that the windows cannot use.
 struct fixed_part {
-    std::string name;  ///< What it is, as the refusal names it ("the process").
-    std::size_t nbytes = 0;
+    std::string name;        ///< What it is, as the refusal names it ("the process").
+    std::size_t nbytes = 0;  ///< Its bytes.
 };
 
 /// A stream whose window the plan sizes.
@@ -66,9 +66,9 @@ struct stream_demand {
 
 /// What plan_memory() splits.
 struct memory_request {
-    std::size_t budget = 0;
-    std::vector<fixed_part> fixed;
-    std::vector<stream_demand> streams;
+    std::size_t budget = 0;              ///< The budget to split, in bytes.
+    std::vector<fixed_part> fixed;       ///< What stays resident whatever the windows.
+    std::vector<stream_demand> streams;  ///< The streams, in the order leftovers go to.
 
     /// The sum of the fixed parts.
     [[nodiscard]] std::size_t fixed_bytes() const noexcept {
@@ -105,6 +105,7 @@ struct memory_plan {
 /// bytes ("the smallest budget that works is N bytes (...)") and each part it is made of.
 class budget_too_small : public std::invalid_argument {
 public:
+    /// `what` is the message; `smallest` the smallest budget that works, in bytes.
     budget_too_small(const std::string& what, std::size_t smallest)
         : std::invalid_argument(what), smallest_(smallest) {}
     /// The smallest budget that works, in bytes.
