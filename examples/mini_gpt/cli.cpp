@@ -276,8 +276,10 @@ void declare_flags(CLI::App& app, options& o) {
     app.formatter(layout);
     app.footer(
         wrap("Each flag takes its value as --flag VALUE or --flag=VALUE; given twice, the last one "
-             "counts (--path keeps each). Exit status: 0 after the run, 2 for bad input (one line "
-             "naming the flag or the file and the problem), 1 for other failures.",
+             "counts (--path keeps each). Exit status: 0 after the run; 1 when the run fails (a "
+             "write failed: a full disk, an I/O error; out of memory; another MPI rank failed); 2 "
+             "for bad input (a flag, a file read, a save refused, a --save another run holds): one "
+             "line naming the flag or the file and the problem.",
              help_width));
     flag_table t(app);
 

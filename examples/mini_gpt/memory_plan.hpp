@@ -22,6 +22,7 @@
 #include <string>
 
 #include "gpt2.hpp"
+#include "size_flag.hpp"  // parse_size
 
 namespace mini_gpt {
 
@@ -64,10 +65,6 @@ std::size_t current_rss_bytes();
 
 /// Free bytes for an unprivileged user on the file system of `path` (statvfs).
 std::size_t free_bytes(const std::filesystem::path& path);
-
-/// "3.5G", "800M", "64K", "123" (bytes): K, M, G, T are powers of 1024; an optional "iB" or
-/// "B" after the unit. @throws input_error naming `flag` for anything else.
-std::size_t parse_size(const std::string& flag, const std::string& v);
 
 /// "1.2 GiB"-style text.
 std::string human_size(double bytes);
