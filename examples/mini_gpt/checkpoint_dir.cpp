@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
-#include <optional>
 #include <ostream>
 #include <string_view>
 #include <system_error>
@@ -66,17 +65,16 @@ void make_save_dir(const std::filesystem::path& dir) {
     if (ec) throw std::filesystem::filesystem_error("cannot create the save folder", dir, ec);
 }
 
-/// The step of a save folder named `name` when it is one of the names step_folder writes
-/// ("step-" and its digits, nothing more, nothing less), else none.
-std::optional<std::int64_t> save_folder_step(std::string_view name) {
-    if (!name.starts_with("step-") || name.size() > 5 + 18) return std::nullopt;
+/// Whether `name` is one of the names step_folder writes: "step-" and the digits of a step of
+/// at least 1, nothing more, nothing less ("step-00000007"; not "step-7", "step-notes").
+bool save_folder_name(std::string_view name) {
+    if (!name.starts_with("step-") || name.size() > 5 + 18) return false;
     std::int64_t step = 0;
     for (const char c : name.substr(5)) {
-        if (c < '0' || c > '9') return std::nullopt;
+        if (c < '0' || c > '9') return false;
         step = step * 10 + (c - '0');
     }
-    if (step < 1 || step_folder(step) != name) return std::nullopt;
-    return step;
+    return step >= 1 && step_folder(step) == name;
 }
 
 /// The save folder `latest` names in `dir`; a name that is not a save folder's, or one that
@@ -90,7 +88,7 @@ std::filesystem::path latest_save(const std::filesystem::path& dir) {
         name.pop_back();  // (edited by hand)
     const std::string blame =
         spillway::quoted(latest_file.string()) + ": names " + spillway::quoted(name) + ", ";
-    if (!save_folder_step(name))
+    if (!save_folder_name(name))
         throw input_error(blame + "not a save folder (step- and 8 digits)");
     std::error_code ec;
     if (std::filesystem::symlink_status(dir / name, ec).type() !=
@@ -290,7 +288,7 @@ void check_shard_files(const std::vector<manifest_entry>& manifest,
 /// with a name step_folder writes, holding a save.manifest that parses with its CRC.
 bool own_save(const std::filesystem::path& dir) {
     std::error_code ec;
-    if (!save_folder_step(dir.filename().string()) ||
+    if (!save_folder_name(dir.filename().string()) ||
         std::filesystem::symlink_status(dir, ec).type() != std::filesystem::file_type::directory ||
         std::filesystem::symlink_status(dir / manifest_file, ec).type() !=
             std::filesystem::file_type::regular)

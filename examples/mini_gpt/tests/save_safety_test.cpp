@@ -132,6 +132,25 @@ TEST_CASE_FIXTURE(
 }
 
 TEST_CASE_FIXTURE(scratch,
+                  "a save's step-N.tmp in the way goes only when it holds a save's names") {
+    // A killed save's leftover (a model.bin, a shard folder): removed, and the save is made.
+    fs::create_directories(saves / "step-00000001.tmp" / "shard-0-of-1");
+    write_text(saves / "step-00000001.tmp" / "model.bin", "partial");
+    // The user's folder under the name of the next save: kept, and that save fails, naming it.
+    fs::create_directories(saves / "step-00000002.tmp");
+    write_text(saves / "step-00000002.tmp" / "notes.txt", "mine\n");
+    const auto r =
+        run(d, tiny_args() + std::vector<std::string>{"--steps", "2", "--save", saves.string(),
+                                                      "--save-every", "1"});
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 1);
+    CHECK(has(r.err, spillway::quoted((saves / "step-00000002.tmp").string()) + " is in the way"));
+    CHECK(slurp(saves / "step-00000002.tmp" / "notes.txt") == "mine\n");
+    CHECK(fs::exists(saves / "step-00000001" / "save.manifest"));
+    CHECK_FALSE(fs::exists(saves / "step-00000001.tmp"));
+}
+
+TEST_CASE_FIXTURE(scratch,
                   "a --path inside --save, or a --save inside a --path, is refused naming both") {
     auto o = testing::tiny_options(d, 1, 2, 1);
     o.offload = offload_mode::params;
