@@ -192,7 +192,7 @@ def format_size_flag(n: int) -> str:
     for unit, scale in (("G", GiB), ("M", MiB)):
         v = n / scale
         if n % scale == 0 or (n * 1000) % scale == 0 and v >= 1:
-            return f"{v:g}{unit}"
+            return f"{v:.3f}".rstrip("0").rstrip(".") + unit  # exact: at most 3 decimals
     return str(n)
 
 

@@ -276,8 +276,10 @@ void declare_flags(CLI::App& app, options& o) {
     app.formatter(layout);
     app.footer(
         wrap("Each flag takes its value as --flag VALUE or --flag=VALUE; given twice, the last one "
-             "counts (--path keeps each). Exit status: 0 after the run, 2 for bad input (one line "
-             "naming the flag or the file and the problem), 1 for other failures.",
+             "counts (--path keeps each). Exit status: 0 after the run; 1 when the run fails (a "
+             "write failed: a full disk, an I/O error; out of memory; another MPI rank failed); 2 "
+             "for bad input (a flag, a file read, a save refused, a --save another run holds): one "
+             "line naming the flag or the file and the problem.",
              help_width));
     flag_table t(app);
 
@@ -335,7 +337,7 @@ void declare_flags(CLI::App& app, options& o) {
              [](const std::string& v) { return std::to_string(parse_size("--memory-budget", v)); });
     t.path("--path", o.paths, "DIR",
            "a storage path for offloaded state (repeat it for several; default: a temporary "
-           "directory)");
+           "directory); created if missing, its parent must exist; never inside --save");
     // One value per --path: `--path a b` is a path and an unknown flag, not two paths.
     app.get_option("--path")->expected(1)->allow_extra_args(false)->multi_option_policy(
         CLI::MultiOptionPolicy::TakeAll);
@@ -379,7 +381,8 @@ void declare_flags(CLI::App& app, options& o) {
     t.group("Saving and output");
     t.path("--save", o.save_dir, "DIR",
            "save a resumable checkpoint into DIR every --save-every steps (DIR/step-0000000K "
-           "after step K)");
+           "after step K); the older saves it wrote go, nothing else in DIR; one run at a time "
+           "holds DIR (DIR/save.lock)");
     t.integer("--save-every", o.save_every, 1, 1 << 30, "K", "steps between saves");
     t.path("--resume", o.resume_dir, "DIR", "continue from the latest save in DIR");
     t.path("--save-model", o.save_model, "FILE", "write an llm.c checkpoint after the last step");

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// examples/mini_gpt/main.cpp: the mini_gpt command line. Exit status: 0 on success, 2 on bad
-// input (a one-line message naming the file or flag and the problem), 1 on other failures.
+// examples/mini_gpt/main.cpp: the mini_gpt command line. Exit status, one meaning each: 0 the
+// run completed; 1 the run failed (a write failed: a full disk, an I/O error; out of memory;
+// an MPI rank failed); 2 bad input (a flag, a file read, a save refused, a --save another run
+// holds): a one-line message naming the file or flag and the problem. The message's control
+// bytes are escaped (spillway::escaped): a name read from a file never reaches the terminal raw.
 #include <exception>
 #include <iostream>
 #include <new>
@@ -10,13 +13,14 @@
 #include "cli.hpp"
 #include "dist.hpp"
 #include "llmc_format.hpp"
+#include "spillway/error.hpp"
 #include "trainer.hpp"
 
 namespace {
 /// Prints the error; under MPI with several ranks the others may be waiting in a collective,
 /// so the whole job is aborted with the same status.
 int fail(int status, const char* kind, const char* what) {
-    std::cerr << "mini_gpt: " << kind << ": " << what << "\n";
+    std::cerr << "mini_gpt: " << kind << ": " << spillway::escaped(what) << "\n";
     if (mini_gpt::dist::size() > 1) mini_gpt::dist::abort(status);
     mini_gpt::dist::finalize();
     return status;

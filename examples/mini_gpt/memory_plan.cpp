@@ -96,32 +96,4 @@ std::size_t free_bytes(const std::filesystem::path& path) {
     return static_cast<std::size_t>(st.f_bavail) * static_cast<std::size_t>(st.f_frsize);
 }
 
-std::size_t parse_size(const std::string& flag, const std::string& v) {
-    std::size_t used = 0;
-    double x = 0;
-    try {
-        x = std::stod(v, &used);
-    } catch (const std::exception&) {
-        throw input_error(flag + ": expected a size such as 3.5G or 800M, got '" + v + "'");
-    }
-    std::string unit = v.substr(used);
-    if (unit.size() >= 2 && (unit.substr(1) == "iB" || unit.substr(1) == "B"))
-        unit = unit.substr(0, 1);
-    double mult = 1;
-    if (unit == "K" || unit == "k")
-        mult = 1024.0;
-    else if (unit == "M" || unit == "m")
-        mult = 1024.0 * 1024;
-    else if (unit == "G" || unit == "g")
-        mult = 1024.0 * 1024 * 1024;
-    else if (unit == "T" || unit == "t")
-        mult = 1024.0 * 1024 * 1024 * 1024;
-    else if (!unit.empty() && unit != "B")
-        throw input_error(flag + ": unknown unit '" + unit + "' in '" + v +
-                          "' (use K, M, G or T: powers of 1024)");
-    if (!std::isfinite(x) || x <= 0 || x * mult > 1e18)
-        throw input_error(flag + ": expected a positive size, got '" + v + "'");
-    return static_cast<std::size_t>(x * mult);
-}
-
 }  // namespace mini_gpt

@@ -25,6 +25,7 @@
 #include "spillway/human_bytes.hpp"
 #include "spillway/plan/memory_plan.hpp"
 #include "spillway/plan/process_baseline.hpp"
+#include "size_flag.hpp"  // parse_size
 
 namespace mini_gpt {
 
@@ -73,8 +74,5 @@ std::size_t memory_margin(int threads);
 /// Free bytes for an unprivileged user on the file system of `path` (statvfs).
 std::size_t free_bytes(const std::filesystem::path& path);
 
-/// "3.5G", "800M", "64K", "123" (bytes): K, M, G, T are powers of 1024; an optional "iB" or
-/// "B" after the unit. @throws input_error naming `flag` for anything else.
-std::size_t parse_size(const std::string& flag, const std::string& v);
 
 }  // namespace mini_gpt

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -32,6 +33,7 @@
 #include "memory_plan.hpp"
 #include "optimizer.hpp"
 #include "report.hpp"
+#include "spillway/error.hpp"
 #include "spillway/lock/lock_name.hpp"
 #include "spillway/lock/owned_directory.hpp"
 #include "spillway/schedule/shard_range.hpp"
@@ -42,13 +44,22 @@ namespace mini_gpt {
 
 namespace {
 
-/// Makes sure `dir` exists and is writable; throws input_error naming it otherwise.
+/// Makes sure `dir` exists and is writable; throws input_error naming it otherwise. Only its
+/// last component is created (mode 0700): a missing parent is more likely a typing slip than
+/// a wish for a new tree, so it is refused, named.
 void ensure_writable_dir(const std::filesystem::path& dir, const char* flag) {
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        const int err = errno;
+        auto parent = dir.has_filename() ? dir.parent_path() : dir.parent_path().parent_path();
+        if (err == ENOENT && !parent.empty())
+            throw input_error(std::string(flag) + " " + spillway::quoted(dir.string()) +
+                              ": its parent " + spillway::quoted(parent.string()) +
+                              " does not exist (only the last component is created)");
+        throw input_error(std::string(flag) + " " + spillway::quoted(dir.string()) +
+                          ": cannot create the directory: " + std::strerror(err));
+    }
     std::error_code ec;
-    create_private_dirs(dir, ec);
-    if (ec)
-        throw input_error(dir.string() + ": cannot create " + flag + " directory: " + ec.message());
-    if (!std::filesystem::is_directory(dir))
+    if (!std::filesystem::is_directory(dir, ec))
         throw input_error(dir.string() + ": " + flag + " is not a directory");
     auto probe = dir / (".mini_gpt-probe-" + std::to_string(::getpid()));
     try {
@@ -79,6 +90,31 @@ void ensure_writable_file(const std::filesystem::path& path, const char* flag) {
         throw input_error(path.string() + ": " + flag + " cannot be written (" + e.what() + ")");
     }
     std::filesystem::remove(probe, ec);
+}
+
+/// Refuses a --path inside --save, or a --save inside a --path (the same directory included):
+/// a save removes its older step folders, and the offloaded state must never be one of them.
+/// They are compared by their canonical paths (std::filesystem::weakly_canonical: checked before
+/// either is created, so a refused run leaves nothing behind).
+void refuse_nested(const std::filesystem::path& save,
+                   const std::vector<std::filesystem::path>& paths) {
+    const auto s = std::filesystem::weakly_canonical(save);
+    // Whether `inner` is `outer` or below it.
+    auto within = [](const std::filesystem::path& inner, const std::filesystem::path& outer) {
+        return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
+               outer.end();
+    };
+    for (const auto& p : paths) {
+        const auto c = std::filesystem::weakly_canonical(p);
+        if (!within(c, s) && !within(s, c)) continue;
+        const std::string path = "--path " + spillway::quoted(p.string());
+        const std::string save_flag = "--save " + spillway::quoted(save.string());
+        throw input_error(
+            (within(c, s) ? path + " is inside " + save_flag : save_flag + " is inside " + path) +
+            (c == s ? " (the same directory)" : "") +
+            ": a save prunes its directory, so the offloaded state and the saves need "
+            "directories apart");
+    }
 }
 
 /// The default --path: a scratch directory removed when the run ends. It is an
@@ -307,9 +343,12 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           ")");
 
     // 3. Output paths are checked before any work is done.
+    if (!opt.save_dir.empty()) refuse_nested(opt.save_dir, opt.paths);
     if (!opt.save_model.empty()) ensure_writable_file(opt.save_model, "--save-model");
     if (!opt.save_dir.empty()) ensure_writable_dir(opt.save_dir, "--save");
     for (const auto& p : opt.paths) ensure_writable_dir(p, "--path");
+    std::optional<save_directory> save_dir;  // held (locked) until the run ends
+    if (!opt.save_dir.empty()) save_dir.emplace(opt.save_dir, std::cerr);
     if (!opt.lock_dir.empty()) ensure_writable_dir(opt.lock_dir, "--lock-dir");
     if (!opt.trace.empty()) ensure_writable_file(opt.trace, "--trace");
     std::optional<spillway::owned_directory> temp_paths;
@@ -479,22 +518,29 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         const step_result r = steps.train_step(step, state);
         losses.push_back(r.loss);
         printer.step(r);
-        if (!opt.save_dir.empty() && (step + 1) % opt.save_every == 0)
-            save_checkpoint(opt.save_dir, step + 1, model, *optim, state, streamed.get());
+        if (save_dir && (step + 1) % opt.save_every == 0)
+            save_checkpoint(*save_dir, step + 1, model, *optim, state, streamed.get());
     }
 
     // 7. The end: --save-model, the trace and the summary.
+    // Their paths were checked at the start: a write that fails now is the run's failure
+    // (a full disk, an I/O error: exit status 1), not bad input.
     if (!opt.save_model.empty() && rank == 0) {
-        if (streamed)
-            write_streamed_model(*streamed, opt.save_model);
-        else
-            write_checkpoint(opt.save_model, config, model.llmc_params());
+        try {
+            if (streamed)
+                write_streamed_model(*streamed, opt.save_model);
+            else
+                write_checkpoint(opt.save_model, config, model.llmc_params());
+        } catch (const input_error& e) {
+            throw save_error("--save-model " + spillway::quoted(opt.save_model.string()) +
+                             ": cannot write it: " + e.what());
+        }
     }
     if (recorder) {
         try {
             recorder->save(trace_file);
         } catch (const std::system_error& e) {
-            throw input_error(trace_file.string() + ": cannot write the trace: " + e.what());
+            throw save_error(trace_file.string() + ": cannot write the trace: " + e.what());
         }
     }
     printer.summary(steps, *store, *optim, streamed.get(), param_window, state_window);

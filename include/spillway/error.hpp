@@ -54,16 +54,15 @@ inline constexpr std::size_t quoted_whole_limit = 255;
 /// How many leading bytes quoted() keeps of a string it cuts.
 inline constexpr std::size_t quoted_cut_bytes = 100;
 
-/// Quotes a caller-provided key or name for an error message: `quoted("a")` is `"'a'"`, so
-/// an empty key or one with spaces stays visible in the message. Control bytes (a NUL, a
-/// newline) are written as `\xNN`, so the message stays one line that what() shows whole.
-/// A string longer than quoted_whole_limit (255) bytes, which no valid key is, is cut to its
-/// first 100 bytes: a 5,000-byte key becomes `'kkk...k...' (5000 bytes)`, so what() stays
-/// readable and still says how long the string was.
-inline std::string quoted(std::string_view s) {
-    const bool cut = s.size() > quoted_whole_limit;
-    std::string out = "'";
-    for (char c : cut ? s.substr(0, quoted_cut_bytes) : s) {
+/// `s` with every control byte (below 0x20, and 0x7f: a NUL, a newline, an escape) written
+/// as `\xNN`, every other byte as it is: text read from a file or a command line can then be
+/// printed to a terminal without moving its cursor or clearing it, and a message stays one
+/// line. quoted() escapes this way; a program prints any message whose parts it did not
+/// quote itself through it.
+inline std::string escaped(std::string_view s) {
+    std::string out;
+    out.reserve(s.size());
+    for (char c : s) {
         const auto u = static_cast<unsigned char>(c);
         if (u < 0x20 || u == 0x7f) {
             constexpr char hex[] = "0123456789abcdef";
@@ -74,6 +73,19 @@ inline std::string quoted(std::string_view s) {
             out += c;
         }
     }
+    return out;
+}
+
+/// Quotes a caller-provided key or name for an error message: `quoted("a")` is `"'a'"`, so
+/// an empty key or one with spaces stays visible in the message. Control bytes (a NUL, a
+/// newline) are written as `\xNN` (escaped()), so the message stays one line that what()
+/// shows whole. A string longer than quoted_whole_limit (255) bytes, which no valid key is,
+/// is cut to its first 100 bytes: a 5,000-byte key becomes `'kkk...k...' (5000 bytes)`, so
+/// what() stays readable and still says how long the string was.
+inline std::string quoted(std::string_view s) {
+    const bool cut = s.size() > quoted_whole_limit;
+    std::string out = "'";
+    out += escaped(cut ? s.substr(0, quoted_cut_bytes) : s);
     if (cut) {
         out += "...' (";
         out += std::to_string(s.size());
@@ -91,7 +103,9 @@ inline std::string quoted(const std::string& s) {
     return quoted(std::string_view(s));
 }
 /// @copydoc quoted(std::string_view)
-inline std::string quoted(std::string& s) { return quoted(std::string_view(s)); }
+inline std::string quoted(std::string& s) {
+    return quoted(std::string_view(s));
+}
 /// @copydoc quoted(std::string_view)
 inline std::string quoted(const char* s) {
     return quoted(std::string_view(s));

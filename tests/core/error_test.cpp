@@ -98,8 +98,12 @@ TEST_CASE("validate_key refuses names that could escape their directory, naming 
 
 namespace spillway {
 // Library code calls quoted() unqualified; with <iomanip> included, std::quoted is found too.
-std::string quote_unqualified(std::string& mutable_text) { return quoted(mutable_text); }
-std::string quote_unqualified(const std::string& text) { return quoted(text); }
+std::string quote_unqualified(std::string& mutable_text) {
+    return quoted(mutable_text);
+}
+std::string quote_unqualified(const std::string& text) {
+    return quoted(text);
+}
 }  // namespace spillway
 
 TEST_CASE("an unqualified quoted() of a const or non-const string is spillway's, not std::quoted") {
@@ -117,6 +121,16 @@ TEST_CASE("quoted keeps a message one whole line: control bytes are written as \
     // The reason for refusing a key with a NUL is not cut off at the NUL.
     CHECK_THROWS_WITH_AS(spillway::validate_key(std::string_view("nul\0byte", 8)),
                          "key 'nul\\x00byte' contains a NUL byte", std::invalid_argument);
+}
+
+TEST_CASE("escaped writes control bytes as \\xNN and keeps every other byte, without quotes") {
+    CHECK(spillway::escaped("step-\033[2J") == "step-\\x1b[2J");  // a terminal escape sequence
+    CHECK(spillway::escaped(std::string_view("a\0b\n\r\t\x7f", 7)) ==
+          "a\\x00b\\x0a\\x0d\\x09\\x7f");
+    CHECK(spillway::escaped("caf\xc3\xa9 ~") == "caf\xc3\xa9 ~");
+    CHECK(spillway::escaped("") == "");
+    const std::string longer(1000, 'k');
+    CHECK(spillway::escaped(longer) == longer);  // never cut, unlike quoted
 }
 
 TEST_CASE("quoted cuts a string longer than a file name to its first 100 bytes and its size") {

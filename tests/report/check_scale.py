@@ -85,6 +85,8 @@ class Arithmetic(unittest.TestCase):
         self.assertEqual(s.format_size_flag(7 << 29), "3.5G")
         self.assertEqual(s.format_size_flag(96 * MiB), "96M")
         self.assertEqual(s.format_size_flag(4 << 30), "4G")
+        # 1234.125 MiB: every decimal kept (the trainer refuses a fraction of a byte).
+        self.assertEqual(s.format_size_flag(1234 * MiB + MiB // 8), "1234.125M")
 
     def test_gpt2_shapes(self):
         s = self.s

@@ -368,6 +368,9 @@ TEST_CASE("the default activation budget holds the last layer's backward at any 
 TEST_CASE("what the trainer creates is the user's alone: folders 0700, files 0600") {
     spillway::test::temp_dir dir("mini_gpt");
     options o = tiny(dir.path());
+    // The flags' directories are created one level deep (a missing parent is refused): their
+    // common parent is the test's, 0700 as a careful user makes it.
+    REQUIRE(::mkdir((dir.path() / "new").c_str(), 0700) == 0);
     o.paths = {dir.path() / "new" / "p1", dir.path() / "new" / "p2"};
     o.lock_dir = dir.path() / "new" / "locks";
     o.offload = offload_mode::all;
@@ -393,7 +396,7 @@ TEST_CASE("what the trainer creates is the user's alone: folders 0700, files 060
         }
     }
     CHECK(folders >= 6);  // new, p1, p2, locks, saves, step-2, its shard, the optimizer's folder
-    CHECK(files >= 4);    // latest, model.bin, train.state, the optimizer's manifest, lock files
+    CHECK(files >= 5);  // latest, save.lock, model.bin, train.state, the optimizer's manifest, ...
     struct ::stat st {};
     REQUIRE(::stat(o.save_model.c_str(), &st) == 0);
     CHECK((st.st_mode & 0777) == 0600);
