@@ -35,6 +35,8 @@
 #include "spillway/stash/stash_handle.hpp"
 #include "spillway/stash/stash_options.hpp"
 #include "spillway/stash/tensor_desc.hpp"
+#include "spillway/stream/layer_optimizer.hpp"
+#include "spillway/stream/layer_optimizer_options.hpp"
 #include "spillway/stream/layer_view.hpp"
 #include "spillway/stream/param_stream.hpp"
 #include "spillway/stream/param_stream_options.hpp"
