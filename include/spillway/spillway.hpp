@@ -47,6 +47,7 @@
 #include "spillway/tier/file_tier.hpp"
 #include "spillway/tier/file_tier_options.hpp"
 #include "spillway/tier/host_tier.hpp"
+#include "spillway/tier/path_folders.hpp"
 #include "spillway/tier/storage_tier.hpp"
 #include "spillway/tier/throttled_tier.hpp"
 #include "spillway/tier/tier_stats.hpp"
