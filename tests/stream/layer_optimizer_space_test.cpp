@@ -19,6 +19,7 @@
 
 #include <sys/mount.h>
 
+#include "stream/constant_steps.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -50,29 +51,13 @@ private:
     fs::path at_;
 };
 
-/// Three steps, the spill and a final flush, with params (and the spill) under p/, m|v under s/.
+/// Three steps (run_constant_steps), params and the spill under p/, m|v under s/.
 void run(const fs::path& root, const spillway::layer_optimizer_options& o) {
     fs::create_directories(root / "p");
     fs::create_directories(root / "s");
     spillway::file_tier<> pt(root / "p"), st(root / "s");
     spillway::layer_optimizer<spillway::file_tier<>> opt(pt, st, sizes, o);
-    for (std::size_t l = 0; l < sizes.size(); ++l)
-        opt.fill(l, [](std::span<float> p) { std::fill(p.begin(), p.end(), 0.5f); });
-    for (std::int64_t t = 1; t <= 3; ++t) {
-        opt.begin_step(t, 1.0f);
-        for (std::size_t l = 0; l < sizes.size(); ++l) {
-            (void)opt.forward_layer(l);
-            opt.forward_done(l);
-        }
-        for (std::size_t l = sizes.size(); l-- > 0;) {
-            auto [p, g] = opt.backward_layer(l);
-            std::fill(g.begin(), g.end(), 0.25f);
-            opt.grads_done(l);
-        }
-        REQUIRE(opt.end_step() == spillway::step_result::applied);
-    }
-    opt.settle();
-    opt.flush();
+    spillway::test::run_constant_steps(opt, 3);
 }
 
 spillway::layer_optimizer_options options(grad_dtype g) {

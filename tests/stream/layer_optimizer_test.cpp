@@ -27,6 +27,7 @@
 
 #include <sys/stat.h>
 
+#include "stream/constant_steps.hpp"
 #include "support/temp_dir.hpp"
 
 using spillway::grad_dtype;
@@ -402,23 +403,7 @@ TEST_CASE("layer_optimizer: stored_bytes() covers every byte its file tiers occu
             for (std::size_t l = i; l < sizes.size(); l += 2) mine.push_back(sizes[l]);
             spillway::file_tier<> pt(roots[i] / "p"), st(roots[i] / "s");
             layer_optimizer<spillway::file_tier<>> opt(pt, st, mine, o);
-            for (std::size_t l = 0; l < mine.size(); ++l)
-                opt.fill(l, [](std::span<float> p) { std::fill(p.begin(), p.end(), 0.5f); });
-            for (std::int64_t t = 1; t <= 3; ++t) {
-                opt.begin_step(t, 1.0f);
-                for (std::size_t l = 0; l < mine.size(); ++l) {
-                    (void)opt.forward_layer(l);
-                    opt.forward_done(l);
-                }
-                for (std::size_t l = mine.size(); l-- > 0;) {
-                    auto [p, gr] = opt.backward_layer(l);
-                    std::fill(gr.begin(), gr.end(), 0.25f);
-                    opt.grads_done(l);
-                }
-                CHECK(opt.end_step() == step_result::applied);
-            }
-            opt.settle();
-            opt.flush();
+            spillway::test::run_constant_steps(opt, 3);
         }
         stop = true;
         sampler.join();
