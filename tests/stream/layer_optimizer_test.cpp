@@ -417,3 +417,32 @@ TEST_CASE("layer_optimizer: stored_bytes() covers every byte its file tiers occu
         }
     }
 }
+
+TEST_CASE(
+    "layer_optimizer: fp16, a layer left out of a step gets its pending update with its own step's "
+    "figures") {
+    // Step 1 visits every layer; step 2 leaves layer 1 out (no forward, no backward): its
+    // update of step 1 is applied at step 2's end_step with step 1's number and lr, and it
+    // gets no update of step 2.
+    host_tier tier;
+    const auto o = options_for(grad_dtype::fp16, 2, 2, 2);
+    layer_optimizer<host_tier> opt(tier, sizes, o);
+    fill_first(opt);
+    reference ref(grad_dtype::fp16, o.adam);
+    REQUIRE(train_step(opt, ref, 1, 0, -1) == step_result::applied);
+    ref.step(1, 0, -1);
+    const std::vector<float> p1 = ref.p[1], m1 = ref.m[1], v1 = ref.v[1];
+    opt.begin_step(2, loss_scale, hparams_at(2));
+    for (std::size_t l = sizes.size(); l-- > 0;) {
+        if (l == 1) continue;
+        auto [p, g] = opt.backward_layer(l);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] += grad_of(1, l, i, -1) * loss_scale;
+        opt.grads_done(l);
+    }
+    REQUIRE(opt.end_step() == step_result::applied);
+    ref.step(2, 1, -1);
+    ref.p[1] = p1;
+    ref.m[1] = m1;
+    ref.v[1] = v1;
+    check_equal(opt, ref);
+}

@@ -40,10 +40,12 @@
 ///        both released as updated;
 ///        fp16: narrowed into the spill (written to the tier while backward goes on), their
 ///        sum of squares added to the step's check; params released unchanged.
-///  4. end_step(extra): fp16: the verdict over the layers' check plus `extra` (the sum of
-///     squares of the trainer's own resident gradients): on overflow the spill is dropped
-///     and step_result::skipped_overflow returned; else every layer's update is pending
-///     (applied by the layer's next forward_layer or backward_layer, or by settle()).
+///  4. end_step(extra): fp16: a layer still pending from an earlier step (not visited since)
+///     is updated first, with that step's figures; then the verdict over the layers' check
+///     plus `extra` (the sum of squares of the trainer's own resident gradients): on
+///     overflow the spill is dropped and step_result::skipped_overflow returned; else the
+///     update of every layer whose gradients were given is pending (applied by the layer's
+///     next forward_layer or backward_layer, or by settle()).
 ///  5. settle() applies what is pending now: before reading the params for a save.
 /// The order of the two streams' visits is their visit_pattern's in every mode: the m|v
 /// stream numbers layers L-1-l for fp16, whose updates walk upwards in forward.
@@ -283,6 +285,11 @@ public:
             last_step_ = step_;
             return step_result::applied;
         }
+        // A layer still waiting for an earlier step's update (no forward or backward visited
+        // it since) gets it now, with that step's figures, before they are replaced or the
+        // spill is dropped.
+        for (std::size_t l = 0; l < floats_.size(); ++l)
+            if (pending_layer_[l] && !put_layer_[l]) settle_layer(l);
         const double sum = sum_squares_ + extra_sum_squares;
         sum_squares_ = 0;
         bool overflow = !std::isfinite(sum);
@@ -303,12 +310,8 @@ public:
     /// Applies every pending update now (fp16; nothing otherwise): before the params are read
     /// for a save or the final model. Idempotent.
     void settle() {
-        for (std::size_t l = 0; l < floats_.size(); ++l) {
-            if (!pending_layer_[l]) continue;
-            auto v = params_->acquire_for_update(l);
-            apply_pending(l, v.template as<float>());
-            params_->release(l, layer_change::updated);
-        }
+        for (std::size_t l = 0; l < floats_.size(); ++l)
+            if (pending_layer_[l]) settle_layer(l);
     }
     /// Whether a layer's update waits (fp16).
     [[nodiscard]] bool pending() const noexcept {
@@ -327,11 +330,7 @@ public:
         if (held_ != none)
             throw std::logic_error("layer_optimizer: read_layer(" + std::to_string(layer) +
                                    ") while layer " + std::to_string(held_) + " is acquired");
-        if (pending_layer_[layer]) {
-            auto v = params_->acquire_for_update(layer);
-            apply_pending(layer, v.template as<float>());
-            params_->release(layer, layer_change::updated);
-        }
+        if (pending_layer_[layer]) settle_layer(layer);
         const std::size_t n = floats_[layer], sl = state_layer(layer);
         const auto p = params_->acquire(layer).template as<float>();
         std::span<const float> mv;
@@ -523,6 +522,18 @@ private:
         else
             params_->release(layer);
         held_change_ = layer_change::unchanged;
+    }
+
+    /// fp16: applies the pending update of `layer` (not held) now.
+    void settle_layer(std::size_t layer) {
+        auto v = params_->acquire_for_update(layer);
+        try {
+            apply_pending(layer, v.template as<float>());
+        } catch (...) {
+            params_->release(layer);
+            throw;
+        }
+        params_->release(layer, layer_change::updated);
     }
 
     /// fp16: the pending update of `layer`, whose params (acquired for update) are `params`.
