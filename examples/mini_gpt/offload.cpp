@@ -38,44 +38,30 @@
 #include "memory_plan.hpp"
 #include "optimizer.hpp"
 #include "spillway/lock/node_lock.hpp"
-#include "spillway/lock/owned_directory.hpp"
 #include "spillway/optim/update_pipeline.hpp"
-#include "spillway/lock/lock_name.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/layer_stash.hpp"
 #include "spillway/stash/stash_budget.hpp"
 #include "spillway/tier/file_tier.hpp"
+#include "spillway/tier/path_folders.hpp"
 #include "spillway/tier/virtual_tier.hpp"
 
 namespace mini_gpt {
 
 namespace {
 
-/// Creates `dir` (and parents) or throws input_error naming it.
-void make_dir(const std::filesystem::path& dir) {
-    std::error_code ec;
-    create_private_dirs(dir, ec);
-    if (ec) throw input_error(dir.string() + ": cannot create directory: " + ec.message());
-}
-
-/// This process's folder in a directory the ranks share: an owned_directory "proc-XXXXXX".
-/// What a killed or aborted rank left there (its optimizer state or activations: MPI_Abort
-/// runs no destructor) is removed by the next run that uses the directory; the folders of
-/// processes still running are left alone.
-spillway::owned_directory process_folder(const std::filesystem::path& dir) {
+/// This process's folder on each of `paths` under `subdir` (spillway::path_folders): what a
+/// killed or aborted rank left there (its optimizer state or activations: MPI_Abort runs no
+/// destructor) is removed by the next run that uses the directory; the folders of processes
+/// still running are left alone. Errors become input_error naming the path.
+spillway::path_folders process_folders(std::span<const std::filesystem::path> paths,
+                                       const char* subdir) {
     try {
-        spillway::owned_directory::reclaim_abandoned(dir, "proc-");
-        return spillway::owned_directory::create(dir, "proc-");
+        return spillway::path_folders::create(paths, subdir, "mini_gpt-");
     } catch (const std::system_error& e) {
-        throw input_error(dir.string() +
-                          ": cannot create this process's folder in it: " + e.what());
+        throw input_error(std::string("cannot create this process's folder for ") + subdir + ": " +
+                          e.what());
     }
-}
-
-/// Removes `dir` if it is empty (other processes may still use it).
-void remove_if_empty(const std::filesystem::path& dir) noexcept {
-    std::error_code ec;
-    if (std::filesystem::is_empty(dir, ec) && !ec) std::filesystem::remove(dir, ec);
 }
 
 // ---- The offloaded optimizer ------------------------------------------------------------------
@@ -89,27 +75,17 @@ class offloaded_optimizer final : public optimizer {
 
 public:
     offloaded_optimizer(const optimizer_settings& s, std::size_t count) : s_(s), count_(count) {
-        // 1. One directory per path; processes of a node that share a path share its locks,
-        //    so the lock name is derived from the directory, not from the process.
+        // 1. This process's folder on each path; processes of a node that share a path share
+        //    its locks, so the lock name is derived from the directory, not from the process.
+        folders_.emplace(process_folders(s.paths, "mini_gpt-optimizer"));
         spillway::virtual_tier_options vo;
         vo.name = "optimizer";
         vo.locks.directory = s.lock_directory;
-        for (const auto& p : s.paths) {
-            auto dir = p / "mini_gpt-optimizer";
-            make_dir(dir);
-            dirs_.push_back(dir);
-            folders_.push_back(process_folder(dir));
-            vo.lock_names.push_back(spillway::path_lock_name(dir, "mini_gpt-"));
-        }
+        vo.lock_names = folders_->lock_names();
         // 2. The virtual tier: one file tier per path, in this process's folder there, named
         //    by its --path (the summary reports each path on its own line), placement by
         //    measured bandwidth.
-        std::vector<std::tuple<std::filesystem::path, spillway::file_tier_options>> children;
-        for (std::size_t i = 0; i < dirs_.size(); ++i) {
-            spillway::file_tier_options fo;
-            fo.name = s.paths[i].string();
-            children.emplace_back(folders_[i].path(), fo);
-        }
+        const auto children = folders_->file_tier_args();
         try {
             tier_ = std::make_unique<optimizer_tier>(vo, children);
         } catch (const std::system_error& e) {
@@ -119,8 +95,7 @@ public:
     ~offloaded_optimizer() override {
         pipe_.reset();  // erases its blobs
         tier_.reset();
-        folders_.clear();
-        for (const auto& d : dirs_) remove_if_empty(d);
+        folders_.reset();  // (this process's folders, and the roots left empty)
     }
 
     void init(std::span<float> params) override {
@@ -221,7 +196,7 @@ public:
     [[nodiscard]] double last_io_wait_ms() const override { return last_wait_ms_; }
     [[nodiscard]] std::string report() const override {
         std::ostringstream o;
-        o << "  optimizer       update pipeline over " << dirs_.size() << " path(s), "
+        o << "  optimizer       update pipeline over " << folders_->size() << " path(s), "
           << pipe_->subgroup_count() << " subgroups of " << s_.subgroup << " params, " << s_.buffers
           << " host buffers\n";
         o << "                  read " << human_bytes(static_cast<double>(read_)) << ", wrote "
@@ -276,8 +251,7 @@ private:
 
     optimizer_settings s_;
     std::size_t count_;
-    std::vector<std::filesystem::path> dirs_;         // <path>/mini_gpt-optimizer, shared
-    std::vector<spillway::owned_directory> folders_;  // this process's folder in each
+    std::optional<spillway::path_folders> folders_;  // <path>/mini_gpt-optimizer/proc-*
     std::unique_ptr<optimizer_tier> tier_;
     std::unique_ptr<pipeline> pipe_;
     double last_wait_ms_ = 0;
@@ -361,10 +335,9 @@ public:
           dir_(s.path / "mini_gpt-activations"),
           recorder_(s.recorder),
           recompute_(s.recompute) {
-        make_dir(dir_);
-        folder_.emplace(process_folder(dir_));
+        folder_.emplace(process_folders(std::span(&s.path, 1), "mini_gpt-activations"));
         try {
-            tier_ = std::make_unique<tier_type>(folder_->path());
+            tier_ = std::make_unique<tier_type>(folder_->folder(0));
         } catch (const std::system_error& e) {
             throw input_error(dir_.string() + ": cannot use it for activations: " + e.what());
         }
@@ -386,8 +359,7 @@ public:
         layers_.reset();  // releases what is still saved
         stash_.reset();
         tier_.reset();
-        folder_.reset();
-        remove_if_empty(dir_);
+        folder_.reset();  // (this process's folder, and the root if left empty)
     }
 
     layer_acts acquire(int layer, const float* inp) override {
@@ -535,8 +507,8 @@ private:
     bool stored(int i) const { return !(recompute_ && layer_acts::recomputable(i)); }
 
     gpt2_config config_;
-    std::filesystem::path dir_;                        // <path>/mini_gpt-activations, shared
-    std::optional<spillway::owned_directory> folder_;  // this process's folder in it
+    std::filesystem::path dir_;                     // <path>/mini_gpt-activations, shared
+    std::optional<spillway::path_folders> folder_;  // this process's folder in it
     spillway::trace::recorder* recorder_;
     spillway::trace::track_id fwd_track_{}, bwd_track_{};
     std::unique_ptr<tier_type> tier_;

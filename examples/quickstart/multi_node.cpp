@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include <spillway/lock/lock_name.hpp>
 #include <spillway/schedule/shard_range.hpp>
 #include <spillway/spillway.hpp>
 
@@ -84,15 +83,6 @@ int end_job(int status) {
     return status;
 }
 
-// [step-4-lock-name-begin]
-/// The lock name of a storage path: the same on every rank that uses that path, so that the
-/// ranks of a node take turns on it. Derived from the path, never from the rank: FNV-1a of the
-/// canonical path, the same in every process and build (spillway/lock/lock_name.hpp).
-std::string lock_name(const std::filesystem::path& path) {
-    return spillway::path_lock_name(path, "trainer-");
-}
-// [step-4-lock-name-end]
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,30 +109,28 @@ int main(int argc, char** argv) {
         for (int r = 0; r < size; ++r) offsets.push_back(static_cast<int>(shard(r).begin));
         offsets.push_back(static_cast<int>(n));
 
-        // A job killed half-way leaves its blobs behind: start from empty directories.
-        for (const auto& root : {local_root, shared_root})
-            std::filesystem::remove_all(root / ("rank-" + std::to_string(rank)));
-
         // [step-4-tier-begin]
         using local_path = spillway::file_tier<>;  // node-local NVMe
         using shared_path =
             spillway::throttled_tier<spillway::file_tier<>>;  // parallel file system
         using tier_type = spillway::virtual_tier<spillway::node_lock, local_path, shared_path>;
 
-        const std::string mine = "rank-" + std::to_string(rank);  // each rank its own files
-        std::filesystem::create_directories(local_root / mine);
-        std::filesystem::create_directories(shared_root / mine);
+        // This rank's own folder on each path (a killed rank's is removed by the next run),
+        // and each path's lock name: the same on every rank that uses the path.
+        const std::filesystem::path paths[] = {local_root, shared_root};
+        const auto folders = spillway::path_folders::create(paths, "optimizer", "trainer-");
+        const std::string mine = "rank-" + std::to_string(rank);  // this rank's keys
 
         spillway::virtual_tier_options tier_options;
         tier_options.name = "optimizer";
-        tier_options.lock_names = {lock_name(local_root), lock_name(shared_root)};
+        tier_options.lock_names = folders.lock_names();
         tier_options.locks.directory = local_root;  // node-local, shared by the node's ranks
         const auto pfs_share =
             spillway::throttle_config::joint({.bytes_per_second = 200e6});  // this rank's cap
         tier_type tier(
             tier_options,
-            spillway::child_args(local_root / mine, spillway::file_tier_options{.name = "local"}),
-            spillway::child_args(pfs_share, std::in_place, shared_root / mine,
+            spillway::child_args(folders.folder(0), spillway::file_tier_options{.name = "local"}),
+            spillway::child_args(pfs_share, std::in_place, folders.folder(1),
                                  spillway::file_tier_options{.name = "pfs"}));
         // [step-4-tier-end]
 
