@@ -398,13 +398,15 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             grad_window = std::min(all_g, 2 * least_g);
         }
         // Each path must hold its layers' params and m,v (and fp16 gradients: layer l on
-        // path l mod P, striped_tier) and the file tier's spare files (two replaced blobs);
-        // the first one the activations too. Paths on one file system share its free space.
+        // path l mod P, striped_tier), in whole blocks, with the file tiers' spare files and
+        // the rewrites in flight (streamed_params::disk_bytes_on); the first one the
+        // activations too. Paths on one file system share its free space.
         std::vector<std::size_t> need(paths.size()), stored(paths.size());
         std::vector<dev_t> device(paths.size(), 0);
         for (std::size_t i = 0; i < paths.size(); ++i) {
             stored[i] = streamed_params::stored_bytes_on(config, opt.grads, i, paths.size());
-            need[i] = stored[i] + 2 * streamed_params::layer_state_bytes(config) +
+            need[i] = streamed_params::disk_bytes_on(config, opt.grads, i, paths.size(),
+                                                     param_window, state_window, grad_window) +
                       (i == 0 ? stash_stored_bytes(config, local_rows, T, opt.act_recompute) : 0);
             struct stat st {};
             if (::stat(paths[i].c_str(), &st) == 0) device[i] = st.st_dev;
@@ -427,7 +429,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                                             std::to_string(paths.size())
                                       : std::string()) +
                     ": " + human_size(static_cast<double>(stored[i])) + "; " +
-                    (i == 0 ? "activations and spare files: " : "spare files: ") +
+                    (i == 0 ? "activations, spare files and rewrites: "
+                            : "spare files and rewrites: ") +
                     human_size(static_cast<double>(need[i] - stored[i])) + ")" +
                     (others.empty() ? std::string()
                                     : ", " + human_size(static_cast<double>(together)) +

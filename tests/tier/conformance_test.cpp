@@ -21,7 +21,8 @@ using namespace spillway::test::conformance;
     throttled_of<file_disk_factory>,          \
     faulty_of<host_factory>,                  \
     faulty_of<throttled_of<host_factory>>,    \
-    virtual_factory
+    virtual_factory,                          \
+    virtual_striped_factory
 // Base tiers the fault cases wrap in faulty_tier<>.
 #define SPILLWAY_FAULT_BASES          \
     host_factory,                     \

@@ -24,9 +24,33 @@ struct virtual_factory {
         return o;
     }
     static auto bounded_args(tier_env& env, std::size_t capacity) {
-        return std::tuple(options(env, capacity), std::tuple<>(), std::tuple(env.shm_dir(), file_tier_options{}));
+        return std::tuple(options(env, capacity), std::tuple<>(),
+                          std::tuple(env.shm_dir(), file_tier_options{}));
     }
-    static auto args(tier_env& env) { return bounded_args(env, std::numeric_limits<std::size_t>::max()); }
+    static auto args(tier_env& env) {
+        return bounded_args(env, std::numeric_limits<std::size_t>::max());
+    }
+};
+
+/// The striped virtual tier (placement_mode::striped) over two file tiers on /dev/shm, with
+/// given bandwidths (no probe).
+struct virtual_striped_factory {
+    using tier_type = virtual_tier<node_lock, file_tier<>, file_tier<>>;
+    static std::string name() { return "virtual striped(file(shm), file(shm))"; }
+    static auto bounded_args(tier_env& env, std::size_t capacity) {
+        virtual_tier_options o = virtual_factory::options(env, capacity);
+        o.name = "vts";
+        o.placement = placement_mode::striped;
+        o.bandwidths = {1.0, 1.0};
+        const auto a = env.shm_dir() / "striped-a", b = env.shm_dir() / "striped-b";
+        std::filesystem::create_directories(a);
+        std::filesystem::create_directories(b);
+        return std::tuple(o, std::tuple(a, file_tier_options{}),
+                          std::tuple(b, file_tier_options{}));
+    }
+    static auto args(tier_env& env) {
+        return bounded_args(env, std::numeric_limits<std::size_t>::max());
+    }
 };
 
 }  // namespace spillway::test::conformance

@@ -389,7 +389,12 @@ public:
         const auto want = header();
         std::size_t size = want.size();
         for (auto n : floats_) size += 3 * n * sizeof(float) + sizeof(std::uint32_t);
-        detail::offset_reader in(file, size, "layer_optimizer::load");
+        detail::offset_reader in(file, "layer_optimizer::load");
+        if (in.size() != size)
+            throw std::system_error(std::make_error_code(std::errc::invalid_argument),
+                                    file.string() + ": " + std::to_string(in.size()) +
+                                        " bytes, a save of these layers has " +
+                                        std::to_string(size));
         std::vector<std::byte> got(want.size());
         in.read(0, got.data(), got.size());
         // The step may differ; everything else must match (the CRC covers the step).

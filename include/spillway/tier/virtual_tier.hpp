@@ -20,7 +20,9 @@
 ///    docs/design.md). Weights are options.bandwidths or probed, and follow
 ///    the measured bandwidth in placement_mode::adaptive: each child's moving average of
 ///    bytes over busy time as its own stats() count them (the tier's timing of its calls
-///    for a child that counts nothing). A rewrite is the move: the old copy
+///    for a child that counts nothing). placement_mode::striped puts a key ending in
+///    "-<n>" on child n mod the children while that child is healthy with room (else by
+///    finish time: fail-over). A rewrite is the move: the old copy
 ///    is erased only after the new write completed.
 ///  - Concurrency. Every transfer to a child runs under the child's read or write lock;
 ///    workers serve an operation on a free child before one on a busy child.
@@ -458,9 +460,11 @@ private:
         return detail::placement_weights(figures);
     }
 
-    /// The child a write of `nbytes` should go to, avoiding `exclude`; nullopt when no
-    /// healthy child with room is left (detail::place_key: by finish time, in bytes).
-    std::optional<std::size_t> place(std::size_t nbytes, const detail::key_entry* current,
+    /// The child a write of `key` (`nbytes`) should go to, avoiding `exclude`; nullopt when
+    /// no healthy child with room is left (placement_mode::striped: the key's striped child
+    /// when eligible; else detail::place_key: by finish time, in bytes).
+    std::optional<std::size_t> place(std::string_view key, std::size_t nbytes,
+                                     const detail::key_entry* current,
                                      const std::vector<std::size_t>& exclude) {
         const std::size_t n = slots_.size();
         const auto w = weights();
@@ -478,6 +482,9 @@ private:
                 {.capacity = child_cap, .used = child_used, .pending = slots_[i]->pending}, old,
                 nbytes);
         }
+        if (options_.placement == placement_mode::striped)
+            if (const auto home = detail::striped_child(key, n); home && children[*home].eligible)
+                return home;
         if (!current) return detail::place_key(children, nbytes, std::nullopt);
         return detail::place_key(children, nbytes, current->placed(), current->counted_size());
     }
@@ -499,7 +506,7 @@ private:
                                       bytes_str(cap) + " (" + bytes_str(used_now) + " used, " +
                                       bytes_str(pending_) + " being written)")));
         }
-        auto target = place(bytes.size(), current, {});
+        auto target = place(key, bytes.size(), current, {});
         if (!target) {
             stats_.end(io_direction::write, bytes.size(), false);
             return io_completion::failed(std::make_exception_ptr(std::system_error(
@@ -690,7 +697,7 @@ private:
         degrade(s, *what);
         auto it = index_.find(op.key);
         const detail::key_entry* current = it == index_.end() ? nullptr : &it->second;
-        auto next = place(op.nbytes, current, op.failures.tried());
+        auto next = place(op.key, op.nbytes, current, op.failures.tried());
         if (!next) return fail_op(op, op.failures.exhausted(write_label(op.key, op.nbytes)), lock);
         index_.retarget(op.key, *next);
         op.child = *next;

@@ -29,10 +29,17 @@
 
 namespace spillway {
 
-/// Whether placement follows measured bandwidth or stays with the initial figures.
+/// Whether placement follows measured bandwidth, stays with the initial figures, or stripes
+/// numbered keys over the children.
 enum class placement_mode {
     adaptive,  ///< weights follow the moving averages of measured bandwidth (the default)
     fixed,     ///< weights stay the given (or probed) bandwidths
+    /// A key ending in "-<n>" (a layer's blob, "<prefix>-<layer>") goes to child n mod the
+    /// children while that child is healthy and has room, so each child holds a known share
+    /// of every stream and a walk over the layers alternates children; any other key, and a
+    /// numbered key whose child is degraded or full (fail-over), is placed by finish time
+    /// with the given (or probed) weights, as in `fixed`.
+    striped,
 };
 
 /// A child's condition as the virtual tier sees it.

@@ -8,7 +8,8 @@
 ///   file or a link planted under the name is refused), writes every byte asked (EINTR
 ///   retried), and finish() fsyncs it.
 /// - offset_reader opens through open_regular_file() (a FIFO, a device, a directory or a
-///   symbolic link is refused at once) and checks the size before anything is read.
+///   symbolic link is refused at once) and reads exactly the bytes asked (a short file is
+///   an error).
 /// - Errors are std::system_error naming the path, what failed and the errno.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include <fcntl.h>
@@ -56,19 +58,18 @@ private:
     unique_fd fd_;
 };
 
-/// A regular file of exactly `size` bytes, read at offsets (see the file comment).
+/// A regular file read at offsets (see the file comment).
 class offset_reader {
 public:
     /// @param what how messages call the file
-    offset_reader(const std::filesystem::path& path, std::size_t size, std::string_view what)
-        : path_(path) {
+    offset_reader(const std::filesystem::path& path, std::string_view what) : path_(path) {
         fd_ = open_regular_file(path, what);
         const off_t got = ::lseek(fd_.get(), 0, SEEK_END);
-        if (got < 0 || static_cast<std::size_t>(got) != size)
-            throw std::system_error(std::make_error_code(std::errc::invalid_argument),
-                                    path.string() + ": " + std::to_string(got) +
-                                        " bytes, expected " + std::to_string(size));
+        if (got < 0) throw_system_error(errno, "lseek", path.string());
+        size_ = static_cast<std::size_t>(got);
     }
+    /// The file's size when it was opened.
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
     void read(std::size_t offset, void* data, std::size_t nbytes) {
         auto* p = static_cast<char*>(data);
         while (nbytes > 0) {
@@ -88,6 +89,7 @@ public:
 private:
     std::filesystem::path path_;
     unique_fd fd_;
+    std::size_t size_ = 0;
 };
 
 }  // namespace spillway::detail

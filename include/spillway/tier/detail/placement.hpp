@@ -23,6 +23,8 @@
 ///    earlier, so moves stop). Once settled, with keys of one size the split is the best one
 ///    of whole keys (no other ends the pass sooner); with mixed sizes the last child finishes
 ///    at most n * S / W after the ideal (n children, S the largest key, W the weights' sum).
+///  - striped_child(): the child of a numbered key under placement_mode::striped: the number
+///    after the key's last '-', modulo the children; std::nullopt for a key without one.
 ///  - has_room(): a child has room when its used bytes, less the key's copy there, plus the
 ///    writes already headed there, leave nbytes free; sums saturate at SIZE_MAX.
 /// The reasoning is in docs/design.md ("Multi-path offload").
@@ -33,6 +35,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace spillway::detail {
@@ -76,6 +79,23 @@ inline std::vector<double> placement_weights(std::span<const child_bandwidth> ch
             out[i] = children[i].given * scale;
     }
     return out;
+}
+
+/// The striped child of `key` among `children` (> 0): the decimal number after its last '-'
+/// modulo `children`; std::nullopt when the key does not end in "-<digits>" (or the number
+/// does not fit a size_t).
+inline std::optional<std::size_t> striped_child(std::string_view key, std::size_t children) {
+    const auto dash = key.rfind('-');
+    if (dash == std::string_view::npos || dash + 1 == key.size() || children == 0)
+        return std::nullopt;
+    std::size_t n = 0;
+    for (const char c : key.substr(dash + 1)) {
+        if (c < '0' || c > '9') return std::nullopt;
+        const auto digit = static_cast<std::size_t>(c - '0');
+        if (n > (std::numeric_limits<std::size_t>::max() - digit) / 10) return std::nullopt;
+        n = n * 10 + digit;
+    }
+    return n % children;
 }
 
 /// A child's space, in bytes.
