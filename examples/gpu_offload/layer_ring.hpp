@@ -29,13 +29,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "spillway/human_bytes.hpp"
 
 namespace gpu_offload {
 
@@ -49,19 +50,7 @@ inline constexpr std::size_t device_alignment = 256;
 
 /// "1.50 GiB (1610612736 bytes)": how messages and reports show a byte count.
 [[nodiscard]] inline std::string format_bytes(std::size_t nbytes) {
-    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-    double v = static_cast<double>(nbytes);
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        ++u;
-    }
-    char text[64];
-    if (u == 0)
-        std::snprintf(text, sizeof text, "%zu bytes", nbytes);
-    else
-        std::snprintf(text, sizeof text, "%.2f %s (%zu bytes)", v, units[u], nbytes);
-    return text;
+    return spillway::human_bytes_exact(nbytes);
 }
 
 /// Parses a byte count such as 2G, 512M, 1.5GiB or 1073741824 (K, M, G, T: powers of 1024;

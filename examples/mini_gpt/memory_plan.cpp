@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// examples/mini_gpt/memory_plan.cpp: the memory budget's plan (memory_plan.hpp).
+// examples/mini_gpt/memory_plan.cpp: the figures of the memory budget's plan (memory_plan.hpp).
 #include "memory_plan.hpp"
 
 #include <sys/statvfs.h>
@@ -7,12 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <iomanip>
-#include <sstream>
 
 #include "llmc_format.hpp"
 #include "spillway/io/aligned_buffer.hpp"
+#include "streamed_params.hpp"
 
 namespace mini_gpt {
 
@@ -22,68 +20,52 @@ std::size_t sz(int x) {
     return static_cast<std::size_t>(x);
 }
 
-std::size_t status_field(const char* name) {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    const std::string key = std::string(name) + ":";
-    while (std::getline(f, line)) {
-        if (line.rfind(key, 0) == 0) {
-            std::istringstream in(line.substr(key.size()));
-            std::size_t kib = 0;
-            in >> kib;
-            return kib * 1024;
-        }
-    }
-    return 0;
-}
-
 }  // namespace
 
-memory_plan plan_memory(const memory_plan_inputs& in) {
-    memory_plan p;
-    const std::size_t smallest = in.smallest_param + in.smallest_state + in.smallest_grads;
-    p.smallest_budget = in.baseline + in.fixed + smallest;
-    if (in.budget < p.smallest_budget)
-        throw input_error("--memory-budget " + std::to_string(in.budget) + " bytes (" +
-                          human_size(static_cast<double>(in.budget)) +
-                          ") is too small: the smallest budget that works is " +
-                          std::to_string(p.smallest_budget) + " bytes (" +
-                          human_size(static_cast<double>(p.smallest_budget)) + ": the process " +
-                          human_size(static_cast<double>(in.baseline)) + ", resident parts " +
-                          human_size(static_cast<double>(in.fixed)) +
-                          ", one layer's params and m,v" +
-                          (in.smallest_grads > 0 ? " and fp16 gradients " : " ") +
-                          human_size(static_cast<double>(smallest)) + ")");
-    // Each window its smallest, then the surplus in proportion to the bytes per parameter
-    // (params 4, m|v 8, fp16 gradients 2), each up to its total; then what is left over to
-    // whichever can still grow, params first.
-    struct window {
-        std::size_t* size;
-        std::size_t total, weight;
-    };
-    p.param_window = in.smallest_param;
-    p.state_window = in.smallest_state;
-    p.grad_window = in.smallest_grads;
-    window w[3] = {{&p.param_window, std::max(in.param_total, in.smallest_param), 4},
-                   {&p.state_window, std::max(in.state_total, in.smallest_state), 8},
-                   {&p.grad_window, std::max(in.grads_total, in.smallest_grads),
-                    in.smallest_grads > 0 ? 2u : 0u}};
-    const std::size_t surplus = in.budget - p.smallest_budget;
-    const std::size_t weights = w[0].weight + w[1].weight + w[2].weight;
-    std::size_t given = 0;
-    for (auto& x : w) {
-        const std::size_t share = surplus / weights * x.weight;
-        const std::size_t add = std::min(share, x.total - *x.size);
-        *x.size += add;
-        given += add;
+spillway::memory_request budget_request(std::size_t budget, const budget_inputs& in) {
+    const gpt2_config& c = in.config;
+    const std::size_t L = sz(c.num_layers);
+    spillway::memory_request r;
+    r.budget = budget;
+    r.fixed = {
+        {"the process", in.baseline > 0
+                            ? in.baseline
+                            : spillway::reproducible_baseline(peak_rss_bytes(),
+                                                              process_allowance(in.tokens_bytes))},
+        {"the resident ends and gradient buffers", streamed_params::resident_bytes(c, in.grads)},
+        {"activations outside the layers", model_scratch_bytes(c, in.rows, in.seq)},
+        {"the activation stash", offloading_store_footprint(c, in.rows, in.seq, *in.stash)},
+        {"a margin for threads and the allocator", memory_margin(in.threads)}};
+    r.streams = {{"params", streamed_params::smallest_param_window(c),
+                  spillway::charge_of(streamed_params::layer_param_bytes(c)) * L, 4},
+                 {"m|v", streamed_params::smallest_state_window(c),
+                  spillway::charge_of(streamed_params::layer_state_bytes(c)) * L, 8}};
+    if (in.grads == grad_dtype::fp16) {
+        const std::size_t g = streamed_params::smallest_grad_window(c);
+        r.streams.push_back({"fp16 gradients", g, g * L, 2});
     }
-    for (auto& x : w) {
-        if (x.weight == 0) continue;
-        const std::size_t add = std::min(surplus - given, x.total - *x.size);
-        *x.size += add;
-        given += add;
+    return r;
+}
+
+stream_windows plan_stream_windows(std::size_t budget, const budget_inputs& in) {
+    const spillway::memory_request r = budget_request(budget, in);
+    std::size_t w[3] = {0, 0, 0};
+    if (budget == 0) {  // two layers each: one computed, one read or written
+        for (std::size_t i = 0; i < r.streams.size(); ++i)
+            w[i] = std::min(r.streams[i].whole, 2 * r.streams[i].smallest);
+    } else {
+        try {
+            const spillway::memory_plan p = spillway::plan_memory(r);
+            for (std::size_t i = 0; i < p.windows.size(); ++i) w[i] = p.windows[i];
+        } catch (const spillway::budget_too_small& e) {
+            throw input_error(std::string("--memory-budget: ") + e.what());
+        }
     }
-    return p;
+    return {w[0], w[1], w[2]};
+}
+
+std::size_t process_allowance(std::size_t tokens_bytes) {
+    return (std::size_t{24} << 20) + tokens_bytes;
 }
 
 std::size_t model_scratch_bytes(const gpt2_config& c, int B, int T) {
@@ -102,39 +84,10 @@ std::size_t stash_stored_bytes(const gpt2_config& c, int B, int T, bool recomput
     return stored * sz(c.num_layers);
 }
 
-std::size_t stash_resident_bytes(const gpt2_config& c, int B, int T, bool recompute) {
-    // The stash's least budget (offload.cpp): a layer's stored tensors, one (B,T,C) more and
-    // every layer's LayerNorm statistics; then the layer forward computes into and a layer
-    // of free buffers (pool_limit); backward's recompute scratch.
-    const auto sizes = layer_acts::tensor_floats(c, B, T);
-    std::size_t layer = 0, stored = 0, small = 0;
-    for (int i = 0; i < layer_acts::num_tensors; ++i) {
-        const std::size_t n = spillway::align_up(sizes[sz(i)] * sizeof(float));
-        layer += n;
-        if (!(recompute && layer_acts::recomputable(i))) stored += n;
-        if (n < (64u << 10)) small += n;
-    }
-    const std::size_t btc = spillway::align_up(sizes[layer_acts::residual3_i] * sizeof(float));
-    const std::size_t least = stored + btc + small * sz(c.num_layers);
-    const std::size_t scratch =
-        recompute ? 2 * btc + spillway::align_up(sizes[layer_acts::att_i] * sizeof(float)) +
-                        spillway::align_up(sizes[layer_acts::fch_gelu_i] * sizeof(float))
-                  : 0;
-    // Huge-page slabs round each up to 2 MiB pages.
-    return least + 2 * layer + scratch + 8 * spillway::huge_page_bytes;
-}
-
 std::size_t memory_margin(int threads) {
     // malloc arenas and thread stacks (compute, tier and stash I/O threads), OpenBLAS's
     // per-thread buffers: measured at 20-40 MiB on x86-64 Linux; 48 MiB plus 4 MiB a thread.
     return (48u << 20) + sz(threads) * (4u << 20);
-}
-
-std::size_t peak_rss_bytes() {
-    return status_field("VmHWM");
-}
-std::size_t current_rss_bytes() {
-    return status_field("VmRSS");
 }
 
 std::size_t free_bytes(const std::filesystem::path& path) {
@@ -169,18 +122,6 @@ std::size_t parse_size(const std::string& flag, const std::string& v) {
     if (!std::isfinite(x) || x <= 0 || x * mult > 1e18)
         throw input_error(flag + ": expected a positive size, got '" + v + "'");
     return static_cast<std::size_t>(x * mult);
-}
-
-std::string human_size(double b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) {
-        b /= 1024;
-        ++u;
-    }
-    std::ostringstream s;
-    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << b << " " << units[u];
-    return s.str();
 }
 
 }  // namespace mini_gpt

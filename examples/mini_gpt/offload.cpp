@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "llmc_format.hpp"
+#include "memory_plan.hpp"
 #include "optimizer.hpp"
 #include "spillway/lock/node_lock.hpp"
 #include "spillway/lock/owned_directory.hpp"
@@ -42,6 +43,7 @@
 #include "spillway/lock/lock_name.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/layer_stash.hpp"
+#include "spillway/stash/stash_budget.hpp"
 #include "spillway/tier/file_tier.hpp"
 #include "spillway/tier/virtual_tier.hpp"
 
@@ -290,6 +292,63 @@ private:
 
 // ---- The offloading activation store ----------------------------------------------------------
 
+/// The activation stash as stash_store configures it: the layer's tensors (layer_acts' names
+/// and sizes), how it uses them, and the stash's options.
+struct stash_setup {
+    std::vector<spillway::layer_tensor> tensors;
+    spillway::layer_stash_use use;
+    spillway::stash_options options;
+};
+
+stash_setup setup_stash(const gpt2_config& c, int B, int T, const store_settings& s) {
+    stash_setup r;
+    const auto sizes = layer_acts::tensor_floats(c, B, T);
+    for (int i = 0; i < layer_acts::num_tensors; ++i) {
+        const std::string name = layer_acts::names[static_cast<std::size_t>(i)];
+        r.tensors.push_back({name, sizes[static_cast<std::size_t>(i)]});
+        if (s.recompute && layer_acts::recomputable(i)) r.use.recomputed.push_back(name);
+    }
+    // A layer's input is the previous layer's output, saved in this layer's scope (ln1's
+    // backward reads it).
+    r.use.carried.push_back(layer_acts::names[layer_acts::residual3_i]);
+    spillway::stash_options& o = r.options;
+    o.keep_below_bytes = 64 << 10;  // LayerNorm statistics stay; everything else may go
+    // The budget is what makes offloading lower the peak whatever the disk's speed: a save
+    // that finds it full waits for writes. Default: the stash's smallest (the largest layer
+    // scope backward loads at once, the last layer's, plus every layer's kept statistics;
+    // spillway::smallest_stash_budget), exactly, so that any batch fits. Forward then holds
+    // at most two layers (the one it computes and the one being written); backward gives
+    // each tensor back after its last use (done_with), and the room it frees is where layer
+    // l-1 is prefetched.
+    const std::size_t least = spillway::smallest_stash_budget(
+        r.tensors, static_cast<std::size_t>(c.num_layers), r.use, o);
+    if (s.memory_budget > 0 && s.memory_budget < least)
+        throw input_error("--act-budget: " + human_bytes(static_cast<double>(s.memory_budget)) +
+                          " is below the " + human_bytes(static_cast<double>(least)) +
+                          " the last layer's backward loads at once (its input, tensors and "
+                          "output, with every layer's LayerNorm statistics) at this batch and "
+                          "sequence length");
+    o.memory_budget = s.memory_budget > 0 ? s.memory_budget : least;
+    if (s.first_kept_layer < 0) {
+        o.split = spillway::split_mode::adaptive;
+    } else if (s.first_kept_layer >= c.num_layers) {
+        o.split = spillway::split_mode::offload_all;
+    } else {
+        o.split = spillway::split_mode::fixed;
+        o.first_kept_layer = static_cast<std::size_t>(s.first_kept_layer);
+    }
+    // Tensors under 2 MiB from huge-page slabs (stash_options::huge_page_arena) once a layer
+    // fills two slabs: below that the slabs' slack (free pieces, about a slab, which counts
+    // in the peak) would lift the peak more than the faster transfers are worth.
+    const std::size_t layer_bytes = spillway::layer_buffer_bytes(r.tensors);
+    o.huge_page_arena = s.huge_page_arena && layer_bytes >= 2 * spillway::huge_page_bytes;
+    o.prefetch_layers = 1;
+    o.write_threads = o.read_threads = s.io_threads;
+    o.pool_limit = layer_bytes;  // one layer of free buffers for the next layer to reuse
+    o.key_prefix = s.key_prefix;
+    return r;
+}
+
 class stash_store final : public activation_store {
     using tier_type = spillway::file_tier<>;
     using ti = layer_acts::tensor_index;
@@ -309,61 +368,13 @@ public:
         } catch (const std::system_error& e) {
             throw input_error(dir_.string() + ": cannot use it for activations: " + e.what());
         }
-        // The layer's tensors, declared once: layer_acts' names and sizes.
-        const auto sizes = layer_acts::tensor_floats(c, B, T);
-        std::vector<spillway::layer_tensor> tensors;
-        for (int i = 0; i < layer_acts::num_tensors; ++i)
-            tensors.push_back({name(i), sizes[static_cast<std::size_t>(i)]});
-        // Bytes as the stash counts them: buffer capacities (allocate() rounds each tensor up
-        // to the I/O alignment).
-        spillway::stash_options o;
-        o.keep_below_bytes = 64 << 10;  // LayerNorm statistics stay; everything else may go
-        std::size_t layer_bytes = 0;    // a layer's buffers (what forward computes into)
-        std::size_t stored_bytes = 0;   // what the stash holds of a layer
-        std::size_t small = 0;          // what it keeps of a layer (the statistics)
-        for (int i = 0; i < layer_acts::num_tensors; ++i) {
-            const std::size_t nbytes =
-                spillway::align_up(sizes[static_cast<std::size_t>(i)] * sizeof(float));
-            layer_bytes += nbytes;
-            if (stored(i)) stored_bytes += nbytes;
-            if (nbytes < o.keep_below_bytes) small += nbytes;
-        }
-        // The budget is what makes offloading lower the peak whatever the disk's speed: a save
-        // that finds it full waits for writes. Default: the largest layer scope backward loads
-        // at once, the last layer's (its input, its stored tensors and its output: a layer
-        // block less what is recomputed, and one more (B,T,C) tensor), plus every layer's kept
-        // statistics; exactly, so that any batch fits. Forward then holds at most two layers
-        // (the one it computes and the one being written); backward gives each tensor back
-        // after its last use (done_with), and the room it frees is where layer l-1 is
-        // prefetched.
-        const std::size_t least = stored_bytes +
-                                  spillway::align_up(sizes[ti::residual3_i] * sizeof(float)) +
-                                  small * static_cast<std::size_t>(c.num_layers);
-        if (s.memory_budget > 0 && s.memory_budget < least)
-            throw input_error("--act-budget: " + human_bytes(static_cast<double>(s.memory_budget)) +
-                              " is below the " + human_bytes(static_cast<double>(least)) +
-                              " the last layer's backward loads at once (its input, tensors and "
-                              "output, with every "
-                              "layer's LayerNorm statistics) at this batch and sequence length");
-        o.memory_budget = s.memory_budget > 0 ? s.memory_budget : least;
-        if (s.first_kept_layer < 0) {
-            o.split = spillway::split_mode::adaptive;
-        } else if (s.first_kept_layer >= c.num_layers) {
-            o.split = spillway::split_mode::offload_all;
-        } else {
-            o.split = spillway::split_mode::fixed;
-            o.first_kept_layer = static_cast<std::size_t>(s.first_kept_layer);
-        }
-        // Tensors under 2 MiB from huge-page slabs (stash_options::huge_page_arena) once a
-        // layer fills two slabs: below that the slabs' slack (free pieces, about a slab, which
-        // counts in the peak) would lift the peak more than the faster transfers are worth.
-        o.huge_page_arena = s.huge_page_arena && layer_bytes >= 2 * spillway::huge_page_bytes;
-        o.prefetch_layers = 1;
-        o.write_threads = o.read_threads = s.io_threads;
-        o.pool_limit = layer_bytes;  // one layer of free buffers for the next layer to reuse
-        o.key_prefix = s.key_prefix;
+        stash_setup setup = setup_stash(c, B, T, s);
+        // The stash's warning (it offloaded nothing, or held as much as it saved) goes into
+        // the summary.
+        setup.options.on_warning = [this](const std::string& w) { warning_ = w; };
+        const spillway::stash_options& o = setup.options;
         stash_ = std::make_unique<spillway::activation_stash<tier_type>>(*tier_, o);
-        layers_.emplace(*stash_, std::move(tensors), at(c.num_layers));
+        layers_.emplace(*stash_, std::move(setup.tensors), at(c.num_layers));
         inputs_.resize(at(c.num_layers));
         loaded_.resize(at(c.num_layers));
         if (recorder_) {
@@ -510,6 +521,7 @@ public:
             o << "every layer offloaded\n";
         else
             o << "layers " << plan.first_kept_layer << "+ kept in memory\n";
+        if (!warning_.empty()) o << "                  warning: " << warning_ << "\n";
         return o.str();
     }
 
@@ -534,6 +546,7 @@ private:
         inputs_;  // each layer's input, as forward gave it (layer 0's is the model's)
     std::vector<std::optional<layer_saved>> loaded_;  // need()'s answer, until backward_done
     bool recompute_;
+    std::string warning_;  // the stash's warning (stash_options::on_warning), if it gave one
     std::size_t peak_ = 0;
 };
 
@@ -555,6 +568,12 @@ std::unique_ptr<optimizer> make_offloaded_optimizer(const optimizer_settings& s,
 std::unique_ptr<activation_store> make_offloading_store(const gpt2_config& config, int B, int T,
                                                         const store_settings& settings) {
     return std::make_unique<stash_store>(config, B, T, settings);
+}
+
+std::size_t offloading_store_footprint(const gpt2_config& config, int B, int T,
+                                       const store_settings& settings) {
+    const stash_setup setup = setup_stash(config, B, T, settings);
+    return spillway::stash_footprint(setup.tensors, setup.options);
 }
 
 }  // namespace mini_gpt

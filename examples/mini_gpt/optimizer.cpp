@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <iomanip>
 #include <sstream>
 #include <system_error>
 
@@ -24,18 +23,6 @@ const char* dtype_name(grad_dtype d) noexcept {
             return "fp16";
     }
     return "?";
-}
-
-std::string human_bytes(double bytes) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 4) {
-        bytes /= 1024;
-        ++u;
-    }
-    std::ostringstream s;
-    s << std::fixed << std::setprecision(u == 0 ? 0 : 1) << bytes << " " << units[u];
-    return s.str();
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gpt2.hpp"
+#include "spillway/human_bytes.hpp"
 #include "spillway/optim/half.hpp"
 #include "spillway/optim/update_pipeline.hpp"
 #include "spillway/trace/recorder.hpp"
@@ -31,7 +32,7 @@ enum class grad_dtype { fp32, bf16, fp16 };
 const char* dtype_name(grad_dtype d) noexcept;
 
 /// A byte count for people: "512 B", "1.5 MiB", "3.2 GiB" (powers of 1024, one decimal).
-std::string human_bytes(double bytes);
+using spillway::human_bytes;
 
 /// The gradients of one step in the --grad-dtype chosen, kept in host memory.
 using grad_span = std::variant<std::span<const float>, std::span<const spillway::bfloat16>,

@@ -197,9 +197,9 @@ void write_first_state(streamed_params& sp, const options& opt, std::ostream& ou
         last = now;
         shown_total = total;
         const double s = std::chrono::duration<double>(now - t0).count();
-        out << "writing the first state: " << human_size(static_cast<double>(done)) << " of "
-            << human_size(static_cast<double>(total)) << " ("
-            << human_size(static_cast<double>(done) / std::max(s, 1e-9)) << "/s)\n"
+        out << "writing the first state: " << human_bytes(static_cast<double>(done)) << " of "
+            << human_bytes(static_cast<double>(total)) << " ("
+            << human_bytes(static_cast<double>(done) / std::max(s, 1e-9)) << "/s)\n"
             << std::flush;
     };
     if (opt.model.empty())
@@ -364,39 +364,31 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     // --offload params: the memory plan, the free space, the streams and their first state.
     std::unique_ptr<streamed_params> streamed;
     std::size_t param_window = 0, state_window = 0, grad_window = 0;
+    // The activation store's settings. With a memory budget every layer's activations leave
+    // (the adaptive split would keep layers chosen at run time); --act-split K and
+    // --act-budget stay inside the plan (the stash's budget is one of its fixed parts).
+    const int split =
+        offload_params && opt.memory_budget > 0 && opt.act_split < 0 ? 1 << 30 : opt.act_split;
+    const store_settings ss{paths.empty() ? std::filesystem::path() : paths.front(),
+                            "act-" + process_tag,
+                            recorder.get(),
+                            split,
+                            opt.act_budget_mib << 20,
+                            opt.act_recompute};
     if (offload_params) {
         const bool fp16 = opt.grads == grad_dtype::fp16;  // (the gradient spill's window)
-        const std::size_t least_p = streamed_params::smallest_param_window(config),
-                          least_s = streamed_params::smallest_state_window(config),
-                          least_g = fp16 ? streamed_params::smallest_grad_window(config) : 0;
-        const std::size_t all_p = spillway::charge_of(streamed_params::layer_param_bytes(config)) *
-                                  static_cast<std::size_t>(config.num_layers),
-                          all_s = spillway::charge_of(streamed_params::layer_state_bytes(config)) *
-                                  static_cast<std::size_t>(config.num_layers),
-                          all_g = least_g * static_cast<std::size_t>(config.num_layers);
-        if (opt.memory_budget > 0) {
-            memory_plan_inputs in;
-            in.budget = opt.memory_budget;
-            in.baseline = opt.baseline_rss > 0 ? opt.baseline_rss : peak_rss_bytes();
-            in.fixed = streamed_params::resident_bytes(config, opt.grads) +
-                       model_scratch_bytes(config, local_rows, T) +
-                       stash_resident_bytes(config, local_rows, T, opt.act_recompute) +
-                       memory_margin(threads);
-            in.smallest_param = least_p;
-            in.smallest_state = least_s;
-            in.param_total = all_p;
-            in.state_total = all_s;
-            in.smallest_grads = least_g;
-            in.grads_total = all_g;
-            const memory_plan plan = plan_memory(in);
-            param_window = plan.param_window;
-            state_window = plan.state_window;
-            grad_window = plan.grad_window;
-        } else {  // two layers each: one computed, one read or written
-            param_window = std::min(all_p, 2 * least_p);
-            state_window = std::min(all_s, 2 * least_s);
-            grad_window = std::min(all_g, 2 * least_g);
-        }
+        const stream_windows windows = plan_stream_windows(
+            opt.memory_budget, {.config = config,
+                                .rows = local_rows,
+                                .seq = T,
+                                .threads = threads,
+                                .grads = opt.grads,
+                                .tokens_bytes = tokens.size() * sizeof(tokens[0]),
+                                .baseline = opt.baseline_rss,
+                                .stash = &ss});
+        param_window = windows.params;
+        state_window = windows.state;
+        grad_window = windows.grads;
         // Each path must hold its layers' params and m,v (and fp16 gradients: layer l on
         // path l mod P, striped_tier), in whole blocks, with the file tiers' spare files and
         // the rewrites in flight (streamed_params::disk_bytes_on); the first one the
@@ -422,20 +414,20 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
             const std::size_t free = free_bytes(paths[i]);
             if (free < together)
                 throw input_error(
-                    paths[i].string() + ": " + human_size(static_cast<double>(need[i])) +
+                    paths[i].string() + ": " + human_bytes(static_cast<double>(need[i])) +
                     " needed for the model's state (params 4 B + m,v 8 B" +
                     (fp16 ? " + fp16 gradients 2 B" : "") + " per streamed parameter" +
                     (paths.size() > 1 ? " of its layers, " + std::to_string(i) + " mod " +
                                             std::to_string(paths.size())
                                       : std::string()) +
-                    ": " + human_size(static_cast<double>(stored[i])) + "; " +
+                    ": " + human_bytes(static_cast<double>(stored[i])) + "; " +
                     (i == 0 ? "activations, spare files and rewrites: "
                             : "spare files and rewrites: ") +
-                    human_size(static_cast<double>(need[i] - stored[i])) + ")" +
+                    human_bytes(static_cast<double>(need[i] - stored[i])) + ")" +
                     (others.empty() ? std::string()
-                                    : ", " + human_size(static_cast<double>(together)) +
+                                    : ", " + human_bytes(static_cast<double>(together)) +
                                           " with --path " + others + " on the same file system") +
-                    ", only " + human_size(static_cast<double>(free)) + " free");
+                    ", only " + human_bytes(static_cast<double>(free)) + " free");
         }
         streamed_params_settings sps;
         sps.paths = paths;
@@ -451,12 +443,6 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
         if (opt.resume_dir.empty()) write_first_state(*streamed, opt, out);  // (else the save's)
     }
     if (offload_act) {
-        // With a memory budget every layer's activations leave (the adaptive split may keep
-        // some, outside the plan).
-        const int split =
-            offload_params && opt.memory_budget > 0 && opt.act_split < 0 ? 1 << 30 : opt.act_split;
-        store_settings ss{paths.front(), "act-" + process_tag,     recorder.get(),
-                          split,         opt.act_budget_mib << 20, opt.act_recompute};
         store = make_offloading_store(config, local_rows, T, ss);
     } else {
         store = std::make_unique<in_memory_store>(config, local_rows, T);

@@ -9,6 +9,7 @@
 
 #include "spillway/config.hpp"
 #include "spillway/error.hpp"
+#include "spillway/human_bytes.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/io/buffer_arena.hpp"
 #include "spillway/io/completion.hpp"
@@ -27,11 +28,15 @@
 #include "spillway/optim/pipeline_config.hpp"
 #include "spillway/optim/update_pipeline.hpp"
 #include "spillway/optim/update_stats.hpp"
+#include "spillway/plan/memory_plan.hpp"
+#include "spillway/plan/process_baseline.hpp"
 #include "spillway/schedule/alternating_order.hpp"
 #include "spillway/schedule/shard_range.hpp"
 #include "spillway/stash/activation_stash.hpp"
 #include "spillway/stash/layer_stash.hpp"
+#include "spillway/stash/layer_tensor.hpp"
 #include "spillway/stash/split_rule.hpp"
+#include "spillway/stash/stash_budget.hpp"
 #include "spillway/stash/stash_handle.hpp"
 #include "spillway/stash/stash_options.hpp"
 #include "spillway/stash/tensor_desc.hpp"
@@ -62,7 +67,8 @@
 /// - I/O: io_completion handles, aligned_buffer, the io_uring and POSIX engines;
 /// - the optimizer: the mixed-precision AdamW step (adamw_step), the alternating subgroup
 ///   order and the update pipeline;
-/// - activations: the activation stash.
+/// - activations: the activation stash, and the budget it needs (stash_budget.hpp);
+/// - planning: one memory budget split into fixed parts and stream windows (plan/).
 ///
 /// Names in a nested `detail` namespace are internals, not part of the API.
 

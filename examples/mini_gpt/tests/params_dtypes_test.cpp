@@ -27,7 +27,9 @@ using namespace mini_gpt::testing;
 
 namespace {
 
-options tiny(const std::filesystem::path& scratch) { return tiny_options(scratch, 3, 5, 1); }
+options tiny(const std::filesystem::path& scratch) {
+    return tiny_options(scratch, 3, 5, 1);
+}
 
 const gpt2_config tiny_config{16, 256, 256, 3, 4, 32};
 
@@ -246,47 +248,10 @@ TEST_CASE(
     CHECK(left == 0);
 }
 
-TEST_CASE(
-    "--offload params accepts every --grad-dtype and --model; the budget plans the fp16 "
-    "gradient spill") {
+TEST_CASE("--offload params accepts every --grad-dtype and --model") {
     for (const char* d : {"fp32", "bf16", "fp16"})
         CHECK_NOTHROW(parse_options({"--offload", "params", "--grad-dtype", d}));
     CHECK(parse_options({"--offload", "params", "--model", "m.bin"}).model == "m.bin");
-    // The plan: each window at least one layer, the surplus shared 4 : 8 : 2, never above the
-    // budget, none above its whole model.
-    memory_plan_inputs in;
-    in.baseline = 1000;
-    in.fixed = 500;
-    in.smallest_param = 100;
-    in.smallest_state = 200;
-    in.smallest_grads = 50;
-    in.param_total = 1000;
-    in.state_total = 2000;
-    in.grads_total = 500;
-    in.budget = 1850;
-    auto p = plan_memory(in);
-    CHECK(p.smallest_budget == 1850);
-    CHECK(p.param_window == 100);
-    CHECK(p.state_window == 200);
-    CHECK(p.grad_window == 50);
-    in.budget = 1850 + 1400;
-    p = plan_memory(in);
-    CHECK(p.param_window == 500);
-    CHECK(p.state_window == 1000);
-    CHECK(p.grad_window == 250);
-    in.budget = 1850 + 100000;  // everything fits
-    p = plan_memory(in);
-    CHECK(p.param_window == 1000);
-    CHECK(p.state_window == 2000);
-    CHECK(p.grad_window == 500);
-    in.smallest_grads = in.grads_total = 0;  // fp32: two windows, 1 : 2
-    in.budget = 1800 + 1200;
-    p = plan_memory(in);
-    CHECK(p.param_window == 500);
-    CHECK(p.state_window == 1000);
-    CHECK(p.grad_window == 0);
-    in.budget = 1799;
-    CHECK_THROWS_AS(plan_memory(in), input_error);
 }
 
 TEST_CASE(

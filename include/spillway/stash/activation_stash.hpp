@@ -114,6 +114,10 @@ public:
     void begin_layer(std::uint32_t layer) {
         std::lock_guard lock(mutex_);
         io_.throw_pending();
+        if (no_grad_ > 0) {  // an eval forward: no step, no layer profile
+            scopes_.push_back(layer);
+            return;
+        }
         enter_forward();
         scopes_.push_back(layer);
         position_of(layer);
@@ -160,6 +164,29 @@ public:
             }
         }
         return io_.new_buffer(nbytes, buffer_fill::zeroed);
+    }
+
+    // ---- evaluation -------------------------------------------------------------------
+
+    /// Opens a no-grad scope (a forward with no backward: evaluation, inference): until the
+    /// matching end_no_grad(), save() stores nothing, writes nothing to the tier and returns
+    /// an empty handle (valid() false; layer_stash treats it as not saved); a buffer handed
+    /// to save(desc, aligned_buffer&&) or save_and_exchange() stays with the caller.
+    /// begin_layer() only opens the scope: the step, its profile and the split are
+    /// untouched. Scopes nest; saves are counted in stash_stats::no_grad_saves.
+    void begin_no_grad() {
+        std::lock_guard lock(mutex_);
+        ++no_grad_;
+    }
+    /// Closes the innermost no-grad scope; does nothing when none is open.
+    void end_no_grad() noexcept {
+        std::lock_guard lock(mutex_);
+        if (no_grad_ > 0) --no_grad_;
+    }
+    /// False inside a no-grad scope.
+    [[nodiscard]] bool grad_enabled() const {
+        std::lock_guard lock(mutex_);
+        return no_grad_ == 0;
     }
 
     // ---- backward ---------------------------------------------------------------------
@@ -386,6 +413,10 @@ private:
 
         std::unique_lock lock(mutex_);
         io_.throw_pending();
+        if (no_grad_ > 0) {  // nothing is kept for a backward that will not come
+            ++stats_.no_grad_saves;
+            return stash_handle();
+        }
         enter_forward();
         const std::size_t position = position_of(
             desc.layer == current_layer ? (scopes_.empty() ? 0u : scopes_.back()) : desc.layer);
@@ -449,6 +480,7 @@ private:
         stats_.bytes_saved += nbytes;
         if (offload) {
             e.state = entry_state::queued;
+            step_offloaded_ += nbytes;
             io_.queue_write(e);
         } else {
             e.state = entry_state::kept;
@@ -468,6 +500,7 @@ private:
         entry& e = new_entry(identity, std::move(label), bytes.size(), position);
         e.state = entry_state::writing;
         ++stats_.forced_writes;
+        step_offloaded_ += bytes.size();
         std::exception_ptr error = io_.write_synchronously(lock, e, bytes);
         if (error) {
             e.state = entry_state::lost;
@@ -516,6 +549,7 @@ private:
 
     void enter_forward() {
         if (step_.backward) {
+            if (step_open_) warn_about_ended_step();
             if (opt_.split == split_mode::adaptive && planner_.planned() && !after_profiling_ &&
                 opt_.tier_bandwidth == 0)
                 replan_from_tier();
@@ -535,6 +569,9 @@ private:
         if (!step_open_) {
             step_open_ = true;
             step_start_ = clock::now();
+            step_saved_from_ = stats_.bytes_saved - stats_.bytes_deduplicated;
+            step_offloaded_ = 0;
+            pool_.restart_step_peak();
             if (opt_.split == split_mode::adaptive) forward_stats_ = tier_.stats();
             profiling_ = planner_.profiling();
         }
@@ -559,6 +596,36 @@ private:
         }
         profiling_ = false;
         forward_seconds_ = step_open_ ? seconds_since(step_start_) : 0.0;
+    }
+
+    // Once for each way a stash can fail to save memory, as the step that shows it ends:
+    // (1) it saved tensors and offloaded none; (2) its resident bytes reached what it saved
+    // (keeping everything in memory would have taken no more). stash_options::on_warning.
+    void warn_about_ended_step() {
+        const std::size_t saved = stats_.bytes_saved - stats_.bytes_deduplicated - step_saved_from_;
+        if (saved == 0) return;
+        std::string text;
+        if (step_offloaded_ == 0) {
+            if (warned_nothing_offloaded_) return;
+            warned_nothing_offloaded_ = true;
+            text = "activation_stash: a step saved " + bytes_str(saved) +
+                   " and offloaded none of it (every tensor under keep_below_bytes " +
+                   bytes_str(opt_.keep_below_bytes) +
+                   ", or in a kept layer): the stash saves no memory; lower keep_below_bytes or "
+                   "use split_mode::offload_all";
+        } else if (pool_.step_peak() >= saved) {
+            if (warned_peak_) return;
+            warned_peak_ = true;
+            text = "activation_stash: a step held up to " + bytes_str(pool_.step_peak()) +
+                   " resident to save " + bytes_str(saved) + " (" + bytes_str(step_offloaded_) +
+                   " offloaded): keeping every tensor in memory takes no more; set "
+                   "memory_budget below the activations' size (at least smallest_stash_budget(), "
+                   "stash/stash_budget.hpp), prefetch_layers 1 and a smaller pool_limit";
+        } else {
+            return;
+        }
+        ++stats_.warnings;
+        if (opt_.on_warning) opt_.on_warning(text);
     }
 
     // Re-plans, as the next step begins, from the step that ended: its layers, its forward
@@ -588,6 +655,11 @@ private:
     typename clock::time_point step_start_{};
     std::vector<std::uint32_t> scopes_;
 
+    std::size_t no_grad_ = 0;            // open no-grad scopes
+    std::uint64_t step_saved_from_ = 0;  // distinct bytes saved before this step
+    std::size_t step_offloaded_ = 0;     // bytes this step queued or forced to the tier
+    bool warned_nothing_offloaded_ = false, warned_peak_ = false;
+
     detail::split_planner planner_;
     tier_stats forward_stats_{};  // the tier's counters when the step began
     double forward_seconds_ = 0;  // the last forward's duration
@@ -595,6 +667,20 @@ private:
     // Last: destroyed first (queued writes skipped, I/O drained, blobs erased), while
     // everything above is alive.
     detail::stash_io<Tier, Clock> io_;
+};
+
+/// A no-grad scope for the life of this object (activation_stash::begin_no_grad): an eval
+/// forward saves nothing and writes nothing to the tier.
+template <class Stash>
+class no_grad_scope {
+public:
+    explicit no_grad_scope(Stash& stash) : stash_(stash) { stash_.begin_no_grad(); }
+    ~no_grad_scope() { stash_.end_no_grad(); }
+    no_grad_scope(const no_grad_scope&) = delete;
+    no_grad_scope& operator=(const no_grad_scope&) = delete;
+
+private:
+    Stash& stash_;
 };
 
 }  // namespace spillway

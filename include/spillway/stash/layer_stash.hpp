@@ -52,18 +52,11 @@
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/stash/activation_stash.hpp"
+#include "spillway/stash/layer_tensor.hpp"
 #include "spillway/stash/tensor_desc.hpp"
 #include "spillway/tier/storage_tier.hpp"
 
 namespace spillway {
-
-/// One tensor a layer saves for its backward: its name (how calls and messages refer to it),
-/// its element count and its element type.
-struct layer_tensor {
-    std::string name;         ///< Unique among the layer's tensors.
-    std::size_t count = 0;    ///< Elements (the tensor is saved as shape {count}).
-    dtype type = dtype::f32;  ///< Element type; load<T>() and output<T>() need sizeof(T) to match.
-};
 
 /// Options of a layer_stash.
 struct layer_stash_options {
@@ -194,6 +187,7 @@ public:
     void share(std::size_t layer, std::string_view name, std::string_view what, std::size_t scope) {
         const std::size_t i = index(name);
         slot& s = at(layer, i);
+        if (!stash_.grad_enabled()) return;  // a no-grad scope saved nothing to share
         expect_argument(
             live(s), "layer_stash::share: " + label(layer, i) + " is not saved (save() it first)");
         // The identity matches a live tensor, so the stash takes a reference without reading

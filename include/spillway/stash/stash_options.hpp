@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -63,7 +64,9 @@ struct stash_options {
     double tier_bandwidth = 0;
     /// Size in bytes of the probe blob written and read back when tier_bandwidth is 0. Its
     /// buffer counts against memory_budget: at most the room the budget has left when the
-    /// probe runs is used (whole 4 KiB blocks; at least 4 KiB). The probe runs when a
+    /// probe runs is used, and at most the profiling step's offloadable bytes (whole 4 KiB
+    /// blocks; at least 4 KiB); a step that offloads nothing runs no probe (the split then
+    /// keeps every layer anyway). The probe runs when a
     /// profiling step's backward begins, under the key "<key_prefix>-<stash serial>-probe",
     /// erased afterwards, also when it failed; a failed probe throws the tier's error naming
     /// the tier and the probe size. Default 16 MiB.
@@ -93,6 +96,15 @@ struct stash_options {
     /// process has its own serial, so stashes sharing a tier and a prefix never collide;
     /// stashes of different processes sharing a tier need different prefixes.
     std::string key_prefix = "act";
+    /// Called at most once for each way a stash can fail to save memory, when the step
+    /// that shows it ends (at the next step's first save or begin_layer()): (1) the step
+    /// saved tensors and offloaded none (all small, or all in kept layers); (2) the stash's
+    /// resident bytes in the step reached the distinct bytes the step saved, so keeping
+    /// everything would have taken no more memory (a budget too large, the probe, the
+    /// pool). The text names the figures and what to change. Called with the stash's lock
+    /// held, on the thread that starts the next step: it must not call the stash. Empty:
+    /// nothing is called; stash_stats::warnings counts them either way.
+    std::function<void(const std::string&)> on_warning;
 };
 
 /// What an activation_stash did, as returned by activation_stash::stats(): a consistent
@@ -134,6 +146,11 @@ struct stash_stats {
     double load_wait_seconds = 0;
     /// Seconds save() and load() blocked waiting for room under the budget.
     double budget_wait_seconds = 0;
+    /// Warnings given (stash_options::on_warning): at most one for a step that offloaded
+    /// nothing and one for a step whose resident peak reached what it saved.
+    std::uint64_t warnings = 0;
+    /// save() calls inside a no-grad scope (activation_stash::begin_no_grad): nothing stored.
+    std::uint64_t no_grad_saves = 0;
     /// Now: memory the huge-page arena holds beyond its live buffers' capacities.
     std::size_t arena_slack_bytes = 0;
 
@@ -155,6 +172,8 @@ struct stash_stats {
         d.forced_writes -= before.forced_writes;
         d.failed_writes -= before.failed_writes;
         d.failed_reads -= before.failed_reads;
+        d.warnings -= before.warnings;
+        d.no_grad_saves -= before.no_grad_saves;
         d.load_wait_seconds -= before.load_wait_seconds;
         d.budget_wait_seconds -= before.budget_wait_seconds;
         return d;

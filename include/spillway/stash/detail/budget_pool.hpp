@@ -84,6 +84,7 @@ public:
     /// Lifts the peak and the held high-water marks to the current state.
     void note_peaks() noexcept {
         peak_ = std::max(peak_, resident_);
+        step_peak_ = std::max(step_peak_, resident_);
         held_peak_ = std::max(held_peak_, resident_ - pooled_);
         step_held_peak_ = std::max(step_held_peak_, resident_ - pooled_);
     }
@@ -147,6 +148,10 @@ public:
         evict_while([&] { return pooled_ > pool_limit_; });
         held_peak_ = step_held_peak_ = resident_ - pooled_;
     }
+    /// Most resident() since restart_step_peak().
+    [[nodiscard]] std::size_t step_peak() const noexcept { return step_peak_; }
+    /// step_peak() restarts from the current resident bytes.
+    void restart_step_peak() noexcept { step_peak_ = resident_; }
     /// peak() restarts from the current resident bytes.
     void reset_peak() noexcept { peak_ = resident_; }
     /// A new step: the held high-water mark becomes the last step's (one bad step, a stalled
@@ -189,6 +194,7 @@ private:
     std::size_t pooled_ = 0;
     std::size_t resident_ = 0;
     std::size_t peak_ = 0;
+    std::size_t step_peak_ = 0;       // most resident bytes this step
     std::size_t held_peak_ = 0;       // most bytes held this step and the last
     std::size_t step_held_peak_ = 0;  // most bytes held this step
 };

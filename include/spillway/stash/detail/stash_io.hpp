@@ -302,20 +302,25 @@ public:
 
     // ---- the bandwidth probe --------------------------------------------------------------
 
-    /// Writes and reads back up to probe_bytes; the slower direction's bytes per second.
-    /// When no 4 KiB can be freed under the budget, what the tier delivered since
-    /// `forward_stats` instead. Throws the tier's error naming the tier and the probe size.
+    /// Writes and reads back up to probe_bytes, at most the step's offloadable bytes; the
+    /// slower direction's bytes per second. When the step offloads nothing, or no 4 KiB can
+    /// be freed under the budget, what the tier delivered since `forward_stats` instead (no
+    /// probe). Throws the tier's error naming the tier and the probe size.
     double measure_bandwidth(std::unique_lock<std::mutex>& lock, const tier_stats& forward_stats) {
         const std::string key = keys_.probe_key();
+        // The probe never moves more than the step would offload: a stash that offloads a
+        // few MiB must not hold a larger probe buffer than everything it removes.
+        const std::size_t offloadable = step_.layers.offload_bytes();
         // The probe's buffer counts against the budget like any other: at most the room left,
         // in whole 4 KiB blocks, of which the first 4 KiB are made room for as for any save,
         // so that the probe never lifts the resident bytes above the budget. If nothing can
         // free 4 KiB, the forward's own writes say what the tier delivered.
-        if (!make_room(lock, 4096)) return delivered_bandwidth(forward_stats, tier_.stats());
+        if (offloadable == 0 || !make_room(lock, 4096))
+            return delivered_bandwidth(forward_stats, tier_.stats());
         const std::size_t room =
             pool_.budget() > pool_.resident() ? pool_.budget() - pool_.resident() : 0;
-        const std::size_t n =
-            std::max<std::size_t>(std::min(opt_.probe_bytes, room) / 4096 * 4096, 4096);
+        const std::size_t n = std::max<std::size_t>(
+            std::min({opt_.probe_bytes, room, align_up(offloadable)}) / 4096 * 4096, 4096);
         pool_.count(n);
         lock.unlock();
         double bw = 0;

@@ -48,6 +48,12 @@ public:
     void mark_offloads(std::size_t position) noexcept {
         if (position < layers_.size()) layers_[position].offloads = true;
     }
+    /// The offloadable bytes of every layer of this step together.
+    [[nodiscard]] std::size_t offload_bytes() const noexcept {
+        std::size_t n = 0;
+        for (const auto& l : layers_) n += l.profile.offload_bytes;
+        return n;
+    }
     /// The profiles of this step's layers, in forward order.
     [[nodiscard]] std::vector<layer_profile> profiles() const {
         std::vector<layer_profile> p;
