@@ -34,10 +34,14 @@
 #include <spillway/schedule/lr_schedule.hpp>
 #include <spillway/stream/tensor_layout.hpp>
 // [spillway-includes-begin]
+#include <spillway/plan/process_baseline.hpp>
 #include <spillway/stash/layer_stash.hpp>
+#include <spillway/stash/stash_budget.hpp>
 #include <spillway/stream/layer_optimizer.hpp>
-#include <spillway/stream/memory_planner.hpp>
-#include <spillway/tier/path_tiers.hpp>
+#include <spillway/stream/layer_optimizer_plan.hpp>
+#include <spillway/tier/file_tier.hpp>
+#include <spillway/tier/path_folders.hpp>
+#include <spillway/tier/virtual_tier.hpp>
 // [spillway-includes-end]
 
 namespace {
@@ -51,9 +55,10 @@ struct settings {
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
-    throw std::invalid_argument(what + " (usage: your_trainer [--offload none|all] "
-                                       "[--memory-budget BYTES[K|M|G]] [--path DIR]... [--steps N] "
-                                       "[--layers L] [--width C] [--batch B])");
+    throw std::invalid_argument(what +
+                                " (usage: your_trainer [--offload none|all] "
+                                "[--memory-budget BYTES[K|M|G]] [--path DIR]... [--steps N] "
+                                "[--layers L] [--width C] [--batch B])");
 }
 
 std::size_t parse_count(const std::string& flag, const std::string& v) {
@@ -218,11 +223,18 @@ spillway::tensor_layout layout_of(arenas& p, arenas& g, std::size_t L, std::size
                                        {"s", p.s.data(), g.s.data(), C, C}});
 }
 
+/// The process's own memory (binary, libraries, threads) as the plan counts it: measured once
+/// for this program with a margin (plan/process_baseline.hpp).
+constexpr std::size_t process_allowance = std::size_t{16} << 20;
+
 const spillway::adamw_config adam{.lr = 1e-3f, .weight_decay = 0.01f};
 
 spillway::lr_schedule schedule_of(int steps) {
-    return {.decay = spillway::lr_decay::cosine, .lr = adam.lr, .lr_min = adam.lr / 10,
-            .warmup_steps = 2, .total_steps = steps};
+    return {.decay = spillway::lr_decay::cosine,
+            .lr = adam.lr,
+            .lr_min = adam.lr / 10,
+            .warmup_steps = 2,
+            .total_steps = steps};
 }
 
 struct run_result {
@@ -257,12 +269,11 @@ run_result train_in_memory(const settings& cfg) {
                          dz.data());
             dy.swap(dx);
         }
-        const spillway::adamw_config now =
-            spillway::with_step(adam, {spillway::learning_rate(schedule_of(cfg.steps), step - 1),
-                                       adam.weight_decay});
-        for (auto [p, g, mk, vk] : {std::tie(params.w, grads.w, m.w, v.w),
-                                    std::tie(params.b, grads.b, m.b, v.b),
-                                    std::tie(params.s, grads.s, m.s, v.s)})
+        const spillway::adamw_config now = spillway::with_step(
+            adam, {spillway::learning_rate(schedule_of(cfg.steps), step - 1), adam.weight_decay});
+        for (auto [p, g, mk, vk] :
+             {std::tie(params.w, grads.w, m.w, v.w), std::tie(params.b, grads.b, m.b, v.b),
+              std::tie(params.s, grads.s, m.s, v.s)})
             spillway::adamw_step(now, {.step = step}, std::span(p), std::span(mk), std::span(vk),
                                  std::span<const float>(g));
         out.step_seconds.push_back(
@@ -291,24 +302,39 @@ run_result train_offloaded(const settings& cfg) {
     const std::size_t act_bytes = net.acts() * sizeof(float);
 
     // [spillway-setup-begin]
-    // One file tier per --path for the params, one for the moments, one for the activations.
-    spillway::path_tiers tiers(cfg.paths, "your_trainer");
-    // One budget: the streams' windows and the stash's budget, or a refusal naming the least.
+    // This process's folder on each --path, with a file tier in it for the params, one for
+    // AdamW's m|v and one for the activations; the layers striped over the paths.
+    using tier = spillway::virtual_tier<spillway::null_lock, std::vector<spillway::file_tier<>>>;
+    auto folders = spillway::path_folders::create(cfg.paths, "your_trainer", "your_trainer-");
+    spillway::virtual_tier_options striped;
+    striped.placement = spillway::placement_mode::striped;
+    tier params_tier(striped, folders.file_tier_args({}, "params"));
+    tier state_tier(striped, folders.file_tier_args({}, "moments"));
+    tier act_tier(striped, folders.file_tier_args({}, "activations"));
+
+    // One memory budget for all of it, or a refusal naming the smallest that works.
     const std::vector<std::size_t> floats(L, layer_floats);
-    spillway::memory_planner planner(cfg.memory_budget);
-    planner.add_fixed("batch, targets, gradients of the activations", 5 * act_bytes);
-    planner.add_layer_optimizer(floats, spillway::grad_dtype::fp32);
-    planner.add_stash(L, {{"h", net.acts()}, {"y", net.acts()}});
-    const spillway::memory_plan plan = planner.plan();
+    const std::vector<spillway::layer_tensor> saved = {{"h", net.acts()}, {"y", net.acts()}};
+    spillway::stash_options so;
+    so.split = spillway::split_mode::offload_all;
+    so.memory_budget =
+        spillway::smallest_stash_budget(saved, L, {.recomputed = {}, .carried = {"y"}}, so);
+    spillway::memory_request request{
+        .budget = cfg.memory_budget,
+        .fixed = {{"the process",
+                   spillway::reproducible_baseline(spillway::peak_rss_bytes(), process_allowance)},
+                  {"the trainer's own buffers", 5 * act_bytes},
+                  {"the activations", spillway::stash_footprint(saved, so)},
+                  spillway::layer_optimizer_fixed(floats, spillway::grad_dtype::fp32)},
+        .streams = spillway::layer_optimizer_streams(floats, spillway::grad_dtype::fp32)};
+    const spillway::memory_plan plan = spillway::plan_memory(request);
 
     spillway::layer_optimizer_options o;
-    o.param_window = plan.param_window;
-    o.state_window = plan.state_window;
     o.adam = adam;
-    spillway::layer_optimizer opt(tiers.params(), tiers.state(), floats, o);
-    spillway::stash_options so = spillway::offload_everything(plan.stash_budget);
-    spillway::activation_stash stash(tiers.activations(), so);
-    spillway::layer_stash acts(stash, {{"h", net.acts()}, {"y", net.acts()}}, L);
+    spillway::use_windows(o, plan);
+    spillway::layer_optimizer opt(params_tier, state_tier, floats, o);
+    spillway::activation_stash stash(act_tier, so);
+    spillway::layer_stash acts(stash, saved, L);
     // [spillway-setup-end]
 
     for (std::size_t l = 0; l < L; ++l) {
@@ -325,8 +351,9 @@ run_result train_offloaded(const settings& cfg) {
         const auto t0 = std::chrono::steady_clock::now();
         net.batch(step, x0.data(), target.data());
         // [spillway-step-begin]
-        opt.begin_step(step, 1.0f,
-                       {spillway::learning_rate(schedule_of(cfg.steps), step - 1), adam.weight_decay});
+        opt.begin_step(
+            step, 1.0f,
+            {spillway::learning_rate(schedule_of(cfg.steps), step - 1), adam.weight_decay});
         acts.begin_step();
         // [spillway-step-end]
         for (std::size_t l = 0; l < L; ++l) {
@@ -337,10 +364,11 @@ run_result train_offloaded(const settings& cfg) {
                         acts.output<float>(l, "y").data());
             opt.forward_done(l);
             acts.save(l, "h");
-            if (l > 0) acts.save(l - 1, "y");  // layer l has read it
+            if (l > 0) acts.save(l - 1, "y", l);  // read by layer l: saved in its scope
             // [spillway-forward-end]
         }
-        out.losses.push_back(net.loss(acts.output<float>(L - 1, "y").data(), target.data(), dy.data()));
+        out.losses.push_back(
+            net.loss(acts.output<float>(L - 1, "y").data(), target.data(), dy.data()));
         acts.recycle(L - 1, "y");  // backward does not read the model's output
         for (std::size_t l = L; l-- > 0;) {
             // [spillway-backward-begin]
@@ -362,6 +390,8 @@ run_result train_offloaded(const settings& cfg) {
         opt.read_layer(l, [&](std::span<const float> p, auto&&...) {
             out.params_crc = spillway::crc32c(std::as_bytes(p), out.params_crc);
         });
+    std::printf("smallest budget %zu bytes; peak RSS %zu bytes of the budget %zu\n",
+                plan.smallest_budget, spillway::peak_rss_bytes(), cfg.memory_budget);
     return out;
 }
 
