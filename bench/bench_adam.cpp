@@ -14,8 +14,8 @@
 // The limit kernel is the fastest of several, chosen in the same run per (gradient type,
 // copy, threads) cell (limit_for; each iteration times the two fastest and takes the faster): every SIMD width up to the widest the machine has (AVX2,
 // AVX-512), each with and without the step's software prefetch and with and without
-// non-temporal stores. One plain stream is not a limit everywhere: on an AMD EPYC the step,
-// which prefetches, beat a stream without prefetch by 1.4-1.5x. Every step and stream row's
+// non-temporal stores. One plain stream is not a limit everywhere: where the hardware
+// prefetcher lags, the step, which prefetches, beats a stream without prefetch. Every step and stream row's
 // label names the winner, `limit_kernel=<width>[_prefetch][_nt|_ntcopy]` (e.g.
 // avx512_prefetch_ntcopy: streaming stores for the compute copy alone);
 // the stream rows also carry each candidate's best pass as counters GBps_<kernel>.
@@ -148,7 +148,7 @@ void stream_scalar(float* p, float* m, float* v, const Grad* g, Copy* out, std::
 // streaming stores, which skip the cache on the way out; NonTemporalCopy streams the copy
 // alone, the one output nothing reads first (a cached store reads its line before writing it). Both are the step's options in kind:
 // a stream with them is still the step's access pattern, and may be the faster one on a
-// machine (AMD EPYC: the step with prefetch beat a plain stream by 1.4x).
+// machine, so the limit takes the fastest.
 template <bool NonTemporal, class T, class V>
 SPILLWAY_TARGET_AVX512 inline void store512(T* at, V x) noexcept {
     if constexpr (NonTemporal) _mm512_stream_si512(reinterpret_cast<__m512i*>(at), x);

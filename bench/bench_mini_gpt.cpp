@@ -22,11 +22,9 @@
 //    act_peak_bytes and act_peak_vs_all_kept (median peak after the first step over keeping
 //    every layer; 1 rank), update_ms, io_wait_ms and param_wait_ms (forward waiting for a
 //    deferred update; per cycle as above; 1 rank), cpu_ms_per_step (process CPU time per
-//    step, all threads; 1 rank); for 124M speedup_vs_llmc: llm.c's CPU trainer
-//    (train_gpt2.c) takes about 2.9 s per step for this config with 2 threads on the
-//    development machine, so this is 2.9 s over our median step, and speedup_vs_llmc_cpu
-//    (1 rank) is its CPU time, about 2 x 2.9 s, over ours (a shared machine inflates CPU
-//    time less than wall time). Rows other than `none` run 3 times (SPILLWAY_MINI_GPT_PAIRS),
+//    step, all threads; 1 rank). A peer trainer is measured in the same run or not at all:
+//    bench/peers/torch_gpt2.py runs PyTorch beside mini_gpt (`scripts/dev bench torch`).
+//    Rows other than `none` run 3 times (SPILLWAY_MINI_GPT_PAIRS),
 //    each run right after a `none` run of the same model and ranks; the row's time is the
 //    median of its runs and vs_none the median of the pairs' ratios (vs_none_min and
 //    vs_none_max their spread, vs_none_pairs their count): on a machine whose speed drifts
@@ -53,7 +51,7 @@
 //    bytes alone cost the machine).
 //  - step/gpt2_124M_2path/all/ranks:1: the optimizer state over two paths, the scratch
 //    directory and /dev/shm (`--path` twice: the virtual tier places the subgroups by the
-//    paths' measured bandwidth, as issue 7 describes with "a disk path and a second path"); the
+//    paths' measured bandwidth: a disk path and a second path); the
 //    activations on the first. The premise counts the optimizer's bytes at the two paths'
 //    summed bandwidth.
 //  - step/gpt2_124M_sync/all/ranks:1: the `all` row with --update-under-forward off and
@@ -498,12 +496,6 @@ void train_step(benchmark::State& state, const row& r) {
         state.counters["act_peak_bytes"] = static_cast<double>(run.act_peak_bytes);
         state.counters["loss_first"] = run.loss.front();
         state.counters["loss_last"] = run.loss.back();
-        if (gpt2_124m) state.counters["speedup_vs_llmc"] = 2.9 / step_s;
-        if (gpt2_124m && ranks == 1) {
-            // llm.c's OpenMP threads both compute for its whole step: about 2 x 2.9 s of CPU time.
-            const double cpu_s = cycle_median(rep.cpu_ms) / 1e3;
-            if (cpu_s > 0) state.counters["speedup_vs_llmc_cpu"] = 2 * 2.9 / cpu_s;
-        }
         if (ranks == 1) {
             state.counters["act_peak_vs_all_kept"] =
                 static_cast<double>(run.act_peak_bytes) / static_cast<double>(rep.all_kept_bytes);

@@ -290,10 +290,10 @@ void file_row(benchmark::State& state, tier_kind kind, direction dir, std::size_
 ///     in the row's direction, so both sides touch the same kinds of pages. A write's limit
 ///     alternates between two destinations, as the tier must: the old blob stays readable
 ///     while the new one is written, so a rewrite never lands in the block it replaces, and
-///     near a cache's size the second block costs a memcpy as much as the tier (one
-///     destination measured 0.75-0.83 at 512 KiB for the old tier and the new alike, L2 2 MiB);
+///     near a cache's size the second block costs a memcpy as much as the tier (a single
+///     destination would flatter the memcpy wherever the block fits the L2 cache);
 ///  3. each iteration times one tier operation and one memcpy, in turns (T L, then L T; with
-///     the tier always first, 16 MiB writes read 1.03-1.05 of the memcpy after them), so load
+///     the tier always first, the memcpy after it would run on a warmer cache), so load
 ///     on a busy machine and the cache each side leaves fall on both alike; the iteration's
 ///     time is the tier's;
 ///  4. bytes_per_second and memcpy_bytes_per_second are the size over the median time of

@@ -9,7 +9,7 @@
 //       shm at 200 MB/s.
 //   BM_aggregate_12_2_1/<paths>: the same blobs over paths at 12:2:1 on any machine: the
 //       throttles are set to 2/12 and 1/12 of the disk's bandwidth, measured alone when the
-//       row starts (issue 38's shape: a fast disk beside slow paths, so the slowest path's
+//       row starts (a fast disk beside slow paths, so the slowest path's
 //       share is about two keys).
 //   BM_aggregate_mixed/<paths>: paths as in BM_aggregate; 16 blobs of mixed sizes, 2 to 48
 //       MiB (272 MiB), as an optimizer's subgroups and a stash's tensors are.

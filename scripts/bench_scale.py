@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""scripts/bench_scale.py: issue 33's scale benchmark: GPT-2 124M, 350M and 774M under a memory cap.
+"""scripts/bench_scale.py: the scale benchmark: GPT-2 124M, 350M and 774M under a memory cap.
 
 Usage (normally through `scripts/dev bench scale [ARGS]`, which builds release mini_gpt first):
     bench_scale.py --trainer build/release/examples/mini_gpt/mini_gpt [--cap 4G] [--budget 3.5G]

@@ -148,8 +148,6 @@ public:
 
     /// The weight schedule the pass follows.
     [[nodiscard]] const step_schedule& schedule() const noexcept { return sched_; }
-    /// The compute stream.
-    [[nodiscard]] stream_type compute_stream() const noexcept { return compute_; }
 
     /// Runs step `step` (> 0; it versions the saved tensors): reads x (B, I), t (B, O) and
     /// the fp16 weights `params` (flat layout) from pinned host memory, writes every fp16

@@ -6,9 +6,8 @@
 // the CPU. The choice can change the throughput of every matrix product severalfold (AVX2
 // kernels on an AVX-512 CPU), so the trainer's summary and the benchmark's context say which
 // kernels ran and why; mini_gpt never overrides the choice. A CPU model newer than the
-// OpenBLAS release (0.3.21 on an Emerald Rapids Xeon, model 207) gets its SSE3 "Prescott"
-// kernels, about 4x slower at GPT-2 124M's step than SkylakeX's: describe() then names the
-// OPENBLAS_CORETYPE that fits the CPU.
+// OpenBLAS release gets its SSE3 "Prescott" kernels, severalfold slower at GPT-2 124M's
+// step than the AVX-512 ones: describe() then names the OPENBLAS_CORETYPE that fits the CPU.
 #pragma once
 
 #include <string>

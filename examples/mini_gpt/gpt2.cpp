@@ -70,8 +70,8 @@ void simd_for(thread_pool& pool, std::size_t count, const Fn& fn, std::size_t gr
 /// at once (thread_pool::chunks_per_thread per thread) where each can have at least `least`
 /// items, as even as pieces whose sizes are multiples of 16 items allow (16 floats: a cache
 /// line, and the matrix products' row unroll). Even pieces matter when they are few: 384 rows
-/// in blocks of 64 made three pieces for two threads (one thread did two of them); now four
-/// of 96.
+/// for two threads become four pieces of 96, not three of 128 of which one thread would run
+/// two.
 template <class Fn>
 void parallel_blocks(thread_pool& pool, std::size_t count, std::size_t least, const Fn& fn) {
     constexpr std::size_t align = 16;

@@ -10,6 +10,8 @@
 #include <ostream>
 #include <sstream>
 
+#include <spillway/trace/json_string.hpp>
+
 #include "blas_kernels.hpp"
 #include "dist.hpp"
 #include "memory_plan.hpp"
@@ -28,25 +30,6 @@ std::string clock_text(double seconds) {
     else
         std::snprintf(buf, sizeof buf, "%lld:%02lld", total / 60, total % 60);
     return buf;
-}
-
-/// `s` as a JSON string, quotes included.
-std::string json_string(const std::string& s) {
-    std::string j = "\"";
-    for (const char ch : s) {
-        const auto c = static_cast<unsigned char>(ch);
-        if (c == '"' || c == '\\') {
-            j += '\\';
-            j += ch;
-        } else if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            j += buf;
-        } else {
-            j += ch;
-        }
-    }
-    return j + "\"";
 }
 
 /// A step's bytes per --path: the streams' on each, the activations' on the first.
@@ -198,9 +181,8 @@ void run_printer::step(const step_result& r) {
                 std::snprintf(part, sizeof part, ",\"read_bytes\":%llu,\"write_bytes\":%llu}",
                               static_cast<unsigned long long>(bytes[i].read),
                               static_cast<unsigned long long>(bytes[i].written));
-                paths += std::string(i > 0 ? "," : "") +
-                         "{\"path\":" + json_string(i < path_names_.size() ? path_names_[i] : "") +
-                         part;
+                paths += std::string(i > 0 ? "," : "") + "{\"path\":" +
+                         spillway::json_string(i < path_names_.size() ? path_names_[i] : "") + part;
             }
             line = line.substr(0, line.size() - 2) + paths + "]" + buf;  // (before "}\n")
         }

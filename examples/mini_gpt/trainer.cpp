@@ -282,12 +282,13 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
                           std::to_string(config.max_seq_len));
     const bool offload_params = opt.offload == offload_mode::params;
     gpt2 model(config, pool, offload_params ? param_memory::external : param_memory::owned);
-    if (offload_params)
-        ;  // (initialised straight into the streams, below)
-    else if (init_params.empty())
-        model.init_gpt2(opt.seed);
-    else
-        model.load_llmc_params(init_params);
+    // --offload params initialises the parameters straight into the streams, below.
+    if (!offload_params) {
+        if (init_params.empty())
+            model.init_gpt2(opt.seed);
+        else
+            model.load_llmc_params(init_params);
+    }
     std::string data_name;
     const std::vector<std::uint16_t> tokens = load_tokens(opt, config, data_name);
     const int B = opt.batch, T = opt.seq;

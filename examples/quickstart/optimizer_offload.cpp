@@ -20,7 +20,6 @@ using quickstart::expect;
 namespace {
 
 constexpr int steps = 6;
-const spillway::adamw_config adam{.lr = 1e-2f, .weight_decay = 0.01f};
 
 }  // namespace
 
@@ -29,10 +28,14 @@ int main(int argc, char** argv) {
         quickstart::scratch_dir scratch(argc, argv, "optimizer_offload");
         const std::filesystem::path directory = scratch.path();
         const quickstart::linear_model model(std::size_t{1} << 16, 8, 7);
-        std::vector<float> params = model.initial_params(1);
-        const double initial_loss = model.loss(params);
 
         // [step-2-begin]
+        // AdamW's hyperparameters (torch.optim.AdamW's names; betas and eps keep their defaults).
+        const spillway::adamw_config adam{.lr = 1e-2f, .weight_decay = 0.01f};
+        std::vector<float> params = model.initial_params(1);       // the trainer's fp32 parameters
+        std::vector<float> grad(params.size());                    // what backward computes
+        std::vector<spillway::bfloat16> grad_bf16(params.size());  // the same, kept as bf16
+
         spillway::file_tier<> tier(directory);  // or a virtual_tier over several paths (step 4)
 
         spillway::pipeline_config config;
@@ -40,26 +43,29 @@ int main(int argc, char** argv) {
         config.subgroup_size = 8192;  // parameters per subgroup: one 96 KiB blob on the tier
         config.host_buffers = 5;      // 3 stream (read, update, write); the other 2 stay resident
         config.adam = adam;           // lr, betas, eps, weight decay: torch.optim.AdamW's formula
-        spillway::update_pipeline<spillway::file_tier<>, spillway::bfloat16, float> pipeline(tier, config, params);
+        // <the tier's type, the gradients' element type, the element type of the compute copy>
+        spillway::update_pipeline<spillway::file_tier<>, spillway::bfloat16, float> pipeline(
+            tier, config, params);
         // [step-2-end]
-
-        std::vector<float> grad(params.size());
-        std::vector<spillway::bfloat16> grad_bf16(params.size());
+        const double initial_loss = model.loss(params);
         for (int step = 1; step <= steps; ++step) {
             // [step-2-loop-begin]
-            pipeline.begin_prefetch();            // the update's first reads overlap backward
-            model.gradient(params, grad);         // your backward pass
-            spillway::narrow(grad, grad_bf16);    // gradients stay bf16 in host memory
-            spillway::step_result result = pipeline.update(grad_bf16, params);  // params <- updated fp32 copy
+            pipeline.begin_prefetch();          // the update's first reads overlap backward
+            model.gradient(params, grad);       // your backward pass
+            spillway::narrow(grad, grad_bf16);  // gradients stay bf16 in host memory
+            spillway::step_result result =
+                pipeline.update(grad_bf16, params);  // params <- updated fp32 copy
             // [step-2-loop-end]
             expect(result == spillway::step_result::applied, "every step is applied (no overflow)");
 
             // [step-2-stats-begin]
             const spillway::update_stats& s = pipeline.last_stats();
-            std::printf("step %2lld: %zu subgroups read (%zu during backward), %zu served from the resident set, "
-                        "read wait %.2f ms, compute %.2f ms\n",
-                        static_cast<long long>(s.step), s.subgroups_read, s.served_from_prefetch,
-                        s.served_from_resident, s.read_wait_seconds * 1e3, s.compute_seconds * 1e3);
+            std::printf(
+                "step %2lld: %zu subgroups read (%zu during backward), %zu served from the "
+                "resident set, "
+                "read wait %.2f ms, compute %.2f ms\n",
+                static_cast<long long>(s.step), s.subgroups_read, s.served_from_prefetch,
+                s.served_from_resident, s.read_wait_seconds * 1e3, s.compute_seconds * 1e3);
             // [step-2-stats-end]
             const std::size_t resident = config.host_buffers - 3;
             expect(s.served_from_resident == (step == 1 ? 0 : resident),
@@ -72,8 +78,8 @@ int main(int argc, char** argv) {
 
         const std::vector<float> expected = quickstart::train_in_memory(
             model.initial_params(1), adam, steps, [&](auto w, auto g) { model.gradient(w, g); });
-        std::printf("loss %.6f -> %.6f (offloaded) and %.6f (in memory)\n", initial_loss, model.loss(params),
-                    model.loss(expected));
+        std::printf("loss %.6f -> %.6f (offloaded) and %.6f (in memory)\n", initial_loss,
+                    model.loss(params), model.loss(expected));
         expect(quickstart::same_bits(params, expected),
                "the offloaded optimizer gives the same parameter bits as AdamW in memory");
         expect(model.loss(params) < 0.5 * initial_loss, "the loss at least halves");

@@ -14,11 +14,15 @@
 /// Major version (incompatible API changes).
 #define SPILLWAY_VERSION_MAJOR 0
 /// Minor version (compatible additions).
-#define SPILLWAY_VERSION_MINOR 1
+#define SPILLWAY_VERSION_MINOR 2
 /// Patch version (fixes).
 #define SPILLWAY_VERSION_PATCH 0
 /// The version as "major.minor.patch".
-#define SPILLWAY_VERSION_STRING "0.1.0"
+#define SPILLWAY_VERSION_STRING "0.2.0"
+/// The version as one number, major * 10000 + minor * 100 + patch (0.2.0 is 200), for
+/// `#if SPILLWAY_VERSION >= 200`. Minor and patch stay below 100.
+#define SPILLWAY_VERSION \
+    (SPILLWAY_VERSION_MAJOR * 10000 + SPILLWAY_VERSION_MINOR * 100 + SPILLWAY_VERSION_PATCH)
 
 #ifndef SPILLWAY_HAS_LIBURING
 /// 1 when the io_uring engine is built on liburing (the CMake target defines it), else 0.
@@ -47,4 +51,6 @@ inline constexpr int version_major = SPILLWAY_VERSION_MAJOR;
 inline constexpr int version_minor = SPILLWAY_VERSION_MINOR;
 /// SPILLWAY_VERSION_PATCH as a constant.
 inline constexpr int version_patch = SPILLWAY_VERSION_PATCH;
+/// SPILLWAY_VERSION (major * 10000 + minor * 100 + patch) as a constant.
+inline constexpr int version = SPILLWAY_VERSION;
 }  // namespace spillway

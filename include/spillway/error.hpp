@@ -7,7 +7,9 @@
 ///   call, the path or key, and the size involved.
 /// - Bad arguments and configuration are std::invalid_argument with a sentence a user can act
 ///   on, raised eagerly (in constructors, at API boundaries).
-/// - Inside io/detail the liburing convention (-errno) is kept and converted once here.
+/// - Inside the I/O engines the liburing convention (-errno) is kept; each engine converts a
+///   failed operation once, when it completes (io/detail/engine_common.hpp's make_io_error
+///   builds the exception its io_completion rethrows).
 #pragma once
 
 #include <cerrno>
@@ -32,15 +34,6 @@ namespace spillway {
     msg += call;
     msg += " failed";
     throw std::system_error(err, std::generic_category(), msg);
-}
-
-/// Converts a liburing-style result (a negative errno on failure) into an exception, once, at
-/// the boundary of io/detail.
-/// @return `res` unchanged when it is >= 0 (a byte count or a descriptor)
-/// @throws std::system_error carrying `-res`, with the message of throw_system_error(call, what)
-inline long check_neg_errno(long res, std::string_view call, std::string_view what) {
-    if (res < 0) throw_system_error(static_cast<int>(-res), call, what);
-    return res;
 }
 
 /// Argument check used in constructors and at API boundaries.

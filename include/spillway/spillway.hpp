@@ -57,6 +57,7 @@
 #include "spillway/tier/tier_stats.hpp"
 #include "spillway/tier/virtual_tier.hpp"
 #include "spillway/tier/virtual_tier_options.hpp"
+#include "spillway/trace/json_string.hpp"
 #include "spillway/trace/recorder.hpp"
 
 /// @namespace spillway

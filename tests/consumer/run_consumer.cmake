@@ -6,6 +6,10 @@
 #                 only installs the build tree BUILD into a fresh PREFIX (the fixture)
 #   SPILLWAY_SOURCE_DIR  Spillway's source tree (add_subdirectory: linked as
 #                 third_party/spillway; fetchcontent: FETCHCONTENT_SOURCE_DIR_SPILLWAY)
+#   PC_NAME       makefile only: the pkg-config package (spillway, or spillway-posix, which
+#                 is then looked up on a search path of the install alone: no liburing.pc)
+#   PINNED        fetchcontent only: ON runs the documented snippet as it is, cloning
+#                 file://SPILLWAY_SOURCE_DIR at the commit it pins, with no source override
 #   PREFIX        an installed Spillway (find_package: CMAKE_PREFIX_PATH; makefile:
 #                 PKG_CONFIG_PATH=PREFIX/share/pkgconfig)
 #   GENERATOR     CMake generator for the consumer
@@ -49,15 +53,23 @@ set(build "${WORK}/build")
 file(MAKE_DIRECTORY "${WORK}/scratch")
 
 if(MODE STREQUAL "makefile")
-  # 2-3. make, with pkg-config looking in the install only.
-  set(ENV{PKG_CONFIG_PATH} "${PREFIX}/share/pkgconfig")
-  execute_process(COMMAND pkg-config --cflags --libs spillway OUTPUT_VARIABLE flags
-                  ERROR_VARIABLE flags RESULT_VARIABLE rc)
-  message(STATUS "pkg-config --cflags --libs spillway: ${flags}")
-  if(NOT rc EQUAL 0)
-    fail("pkg-config does not find spillway in ${PREFIX}/share/pkgconfig")
+  # 2-3. make, with pkg-config looking in the install first. spillway-posix is looked up
+  # in the install alone (PKG_CONFIG_LIBDIR), a machine without liburing.pc.
+  if(NOT PC_NAME)
+    set(PC_NAME spillway)
   endif()
-  execute_process(COMMAND make -C "${src}" my_trainer RESULT_VARIABLE rc)
+  if(PC_NAME STREQUAL "spillway-posix")
+    set(ENV{PKG_CONFIG_LIBDIR} "${PREFIX}/share/pkgconfig")
+  else()
+    set(ENV{PKG_CONFIG_PATH} "${PREFIX}/share/pkgconfig")
+  endif()
+  execute_process(COMMAND pkg-config --cflags --libs ${PC_NAME} OUTPUT_VARIABLE flags
+                  ERROR_VARIABLE flags RESULT_VARIABLE rc)
+  message(STATUS "pkg-config --cflags --libs ${PC_NAME}: ${flags}")
+  if(NOT rc EQUAL 0)
+    fail("pkg-config does not find ${PC_NAME} in ${PREFIX}/share/pkgconfig")
+  endif()
+  execute_process(COMMAND make -C "${src}" my_trainer SPILLWAY_PC=${PC_NAME} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     fail("make failed (${rc})")
   endif()
@@ -73,6 +85,29 @@ else()
   elseif(MODE STREQUAL "add_subdirectory")
     file(MAKE_DIRECTORY "${src}/third_party")
     file(CREATE_LINK "${SPILLWAY_SOURCE_DIR}" "${src}/third_party/spillway" SYMBOLIC)
+  elseif(MODE STREQUAL "fetchcontent" AND PINNED)
+    # The pin is the GIT_TAG of the snippet; it must be a commit of this repository. A
+    # source tree that is no git checkout, or a shallow one without that commit, cannot
+    # run the test; a full clone without it means the documented pin does not exist.
+    file(READ "${SOURCE}/CMakeLists.txt" consumer_cmake)
+    if(NOT consumer_cmake MATCHES "GIT_TAG ([0-9a-f]+)")
+      fail("tests/consumer/CMakeLists.txt pins no commit hash (GIT_TAG <hash>)")
+    endif()
+    set(pin "${CMAKE_MATCH_1}")
+    find_program(git NAMES git)
+    execute_process(COMMAND ${git} -C "${SPILLWAY_SOURCE_DIR}" rev-parse --is-shallow-repository
+                    OUTPUT_VARIABLE shallow OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+    if(NOT git OR NOT rc EQUAL 0)
+      message(FATAL_ERROR "consumer skipped: ${SPILLWAY_SOURCE_DIR} is not a git checkout (or git is missing)")
+    endif()
+    execute_process(COMMAND ${git} -C "${SPILLWAY_SOURCE_DIR}" cat-file -e "${pin}^{commit}" RESULT_VARIABLE rc
+                    ERROR_QUIET)
+    if(NOT rc EQUAL 0 AND shallow STREQUAL "true")
+      message(FATAL_ERROR "consumer skipped: ${SPILLWAY_SOURCE_DIR} is a shallow clone without the pinned commit ${pin}")
+    elseif(NOT rc EQUAL 0)
+      fail("the documented pin ${pin} is not a commit of ${SPILLWAY_SOURCE_DIR}")
+    endif()
+    list(APPEND configure_args "-DSPILLWAY_GIT_REPOSITORY=file://${SPILLWAY_SOURCE_DIR}")
   elseif(MODE STREQUAL "fetchcontent")
     list(APPEND configure_args "-DFETCHCONTENT_SOURCE_DIR_SPILLWAY=${SPILLWAY_SOURCE_DIR}"
                                "-DSPILLWAY_GIT_REPOSITORY=${SPILLWAY_SOURCE_DIR}")

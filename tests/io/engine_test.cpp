@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "support/random_bytes.hpp"
+#include "support/skip.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace spillway;
@@ -386,11 +387,8 @@ TEST_CASE("automatic backend picks io_uring when the probe passes and says why n
 }
 
 #if SPILLWAY_HAS_LIBURING
-TEST_CASE("uring_engine retries real short reads from a pipe") {
-    if (!uring_probe().available) {
-        MESSAGE("io_uring unavailable here (" << uring_probe().reason << "): pipe case skipped");
-        return;
-    }
+TEST_CASE("uring_engine retries real short reads from a pipe" *
+          spillway::test::skip_without_uring()) {
     int p[2];
     REQUIRE(::pipe2(p, O_NONBLOCK | O_CLOEXEC) == 0);
     io_engine_config cfg;

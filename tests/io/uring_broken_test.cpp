@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "support/random_bytes.hpp"
+#include "support/skip.hpp"
 #include "support/temp_dir.hpp"
 
 #if SPILLWAY_HAS_LIBURING
@@ -229,18 +230,12 @@ struct pipe_pair {
     }
 };
 
-bool skip_without_uring() {
-    if (uring_probe().available) return false;
-    MESSAGE("io_uring unavailable here (" << uring_probe().reason << "): broken-ring case skipped");
-    return true;
-}
-
 }  // namespace
 
 TEST_CASE(
     "uring_engine whose ring breaks while idle fails later requests at once, and its destructor "
-    "returns") {
-    if (skip_without_uring()) return;
+    "returns" *
+    spillway::test::skip_without_uring()) {
     watchdog dog("idle ring breaks");
     scratch_file f;
     auto data = test::random_bytes(10'000, 3);
@@ -286,8 +281,8 @@ TEST_CASE(
 TEST_CASE(
     "uring_engine fails requests queued beyond the queue depth when its ring breaks; the piece in "
     "the kernel "
-    "completes") {
-    if (skip_without_uring()) return;
+    "completes" *
+    spillway::test::skip_without_uring()) {
     watchdog dog("queued requests");
     scratch_file f;
     pipe_pair p;
@@ -326,8 +321,8 @@ TEST_CASE(
 
 TEST_CASE(
     "uring_engine completes a piece the kernel held when its ring broke only when the kernel "
-    "finishes it") {
-    if (skip_without_uring()) return;
+    "finishes it" *
+    spillway::test::skip_without_uring()) {
     watchdog dog("late piece");
     scratch_file f;
     pipe_pair p;
@@ -362,8 +357,8 @@ TEST_CASE(
 TEST_CASE(
     "uring_engine whose ring descriptor was closed and now names another ring fails requests "
     "instead of "
-    "spinning") {
-    if (skip_without_uring()) return;
+    "spinning" *
+    spillway::test::skip_without_uring()) {
     watchdog dog("descriptor reused");
     scratch_file f;
     auto data = test::random_bytes(5000, 13);
@@ -397,8 +392,8 @@ TEST_CASE(
 
 TEST_CASE(
     "uring_engine whose io_uring_wait_cqe fails still completes what the kernel finishes, and does "
-    "not spin") {
-    if (skip_without_uring()) return;
+    "not spin" *
+    spillway::test::skip_without_uring()) {
     watchdog dog("wait fails");
     scratch_file f;
     pipe_pair a, b;
@@ -446,7 +441,5 @@ TEST_CASE(
 }
 
 #else
-TEST_CASE("uring_engine broken-ring cases") {
-    MESSAGE("built without liburing: broken-ring cases skipped");
-}
+TEST_CASE("uring_engine broken-ring cases: built without liburing" * doctest::skip()) {}
 #endif

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/simd_cases.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -171,8 +173,9 @@ std::tuple<state, std::vector<Copy>> run_level(simd_level level, const state& s0
     return {std::move(s), std::move(copy)};
 }
 
+// Compares SIMD level `only` with the scalar level.
 template <class Grad, class Copy>
-void levels_case(std::mt19937_64& rng) {
+void levels_case(std::mt19937_64& rng, simd_level only) {
     spillway::thread_pool pool(2);
     const adamw_config cfg{.lr = 3e-3f, .weight_decay = 0.01f};
     std::vector<std::size_t> lengths;
@@ -187,8 +190,8 @@ void levels_case(std::mt19937_64& rng) {
         auto g = random_grads<Grad>(n, 64.0f, rng);
         auto c = make_adamw_coefficients(cfg, adamw_step_args{.step = 7, .grad_scale = 64.0f, .clip_coef = 0.9f});
         auto [want, want_copy] = run_level<Grad, Copy>(simd_level::scalar, s0, g, c, pool);
-        for (simd_level level : all_levels) {
-            if (!spillway::detail::supported(level)) continue;
+        {
+            const simd_level level = only;
             auto [got, got_copy] = run_level<Grad, Copy>(level, s0, g, c, pool);
             const std::string level_name = spillway::detail::to_string(level);
             CAPTURE(level_name);
@@ -221,17 +224,14 @@ TEST_CASE("adamw_step matches a float64 AdamW reference for every gradient type,
     }
 }
 
-TEST_CASE("every SIMD level gives the scalar bits, for every tail length") {
-    for (simd_level level : all_levels)
-        if (!spillway::detail::supported(level))
-            MESSAGE("SIMD level " << std::string(spillway::detail::to_string(level)) << " not supported here: skipped");
+SPILLWAY_SIMD_CASES("the SIMD step gives the scalar bits, for every tail length, in level", level) {
     std::mt19937_64 rng(2);
-    levels_case<float, no_copy>(rng);
-    levels_case<float, float16>(rng);
-    levels_case<float16, bfloat16>(rng);
-    levels_case<float16, no_copy>(rng);
-    levels_case<bfloat16, float16>(rng);
-    levels_case<bfloat16, bfloat16>(rng);
+    levels_case<float, no_copy>(rng, level);
+    levels_case<float, float16>(rng, level);
+    levels_case<float16, bfloat16>(rng, level);
+    levels_case<float16, no_copy>(rng, level);
+    levels_case<bfloat16, float16>(rng, level);
+    levels_case<bfloat16, bfloat16>(rng, level);
 }
 
 TEST_CASE("one call over N equals calls over arbitrary sub-spans and any pool size, bit for bit") {

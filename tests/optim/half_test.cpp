@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/simd_cases.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -128,7 +130,7 @@ std::vector<float> narrowing_inputs() {
 
 }  // namespace
 
-TEST_CASE("float16 widening is exact for all 65,536 patterns, in every SIMD level") {
+SPILLWAY_SIMD_CASES("float16 widening is exact for all 65,536 patterns, in SIMD level", level) {
     std::vector<float16> all(65536);
     for (std::uint32_t i = 0; i < 65536; ++i) all[i].bits = static_cast<std::uint16_t>(i);
     std::vector<float> scalar(65536);
@@ -150,11 +152,7 @@ TEST_CASE("float16 widening is exact for all 65,536 patterns, in every SIMD leve
             REQUIRE(spillway::from_float<float16>(f).bits == h);  // round trip
         }
     }
-    for (simd_level level : all_levels) {
-        if (!spillway::detail::supported(level)) {
-            MESSAGE("SIMD level " << std::string(spillway::detail::to_string(level)) << " not supported here: skipped");
-            continue;
-        }
+    {
         const std::string level_name = spillway::detail::to_string(level);
         CAPTURE(level_name);
         // Offsets and lengths that leave every tail length.
@@ -215,17 +213,13 @@ TEST_CASE("narrowing rounds to nearest even, overflows to inf, keeps subnormals 
     CHECK(std::isnan(spillway::to_float(spillway::from_float<float16>(std::numeric_limits<float>::quiet_NaN()))));
 }
 
-TEST_CASE("every SIMD narrowing level gives the scalar bits, at every tail length") {
+SPILLWAY_SIMD_CASES("SIMD narrowing gives the scalar bits, at every tail length, in level", level) {
     const std::vector<float> xs = narrowing_inputs();
     std::vector<float16> want16(xs.size());
     std::vector<bfloat16> want_bf(xs.size());
     spillway::detail::narrow(simd_level::scalar, xs.data(), want16.data(), xs.size());
     spillway::detail::narrow(simd_level::scalar, xs.data(), want_bf.data(), xs.size());
-    for (simd_level level : all_levels) {
-        if (!spillway::detail::supported(level)) {
-            MESSAGE("SIMD level " << std::string(spillway::detail::to_string(level)) << " not supported here: skipped");
-            continue;
-        }
+    {
         const std::string level_name = spillway::detail::to_string(level);
         CAPTURE(level_name);
         std::vector<float16> got16(xs.size());

@@ -181,8 +181,8 @@ TEST_CASE("manifest: a missing manifest.txt is a system_error saying so, naming 
 }
 
 TEST_CASE("manifest: a directory named manifest.txt is refused as a directory") {
-    // Before: the ifstream opened it, read nothing, and the empty text was "not a spillway
-    // optimizer save".
+    // An ifstream would open it and read nothing, and the empty text would be called "not a
+    // spillway optimizer save": the message must say it is a directory.
     test::temp_dir root("manifest-dir");
     std::filesystem::create_directory(root.path() / "manifest.txt");
     try {

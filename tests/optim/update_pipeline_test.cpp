@@ -1050,8 +1050,8 @@ std::filesystem::path subgroup_file(const std::filesystem::path& dir, std::size_
 TEST_CASE(
     "restore refuses a FIFO in place of a subgroup file or of manifest.txt at once, naming the "
     "path") {
-    // Before: the subgroup file was opened without O_NONBLOCK and manifest.txt with an
-    // ifstream, so either open blocked for ever waiting for a writer.
+    // A FIFO opened without O_NONBLOCK (or through an ifstream) blocks for ever waiting for
+    // a writer: restore must refuse it at once.
     test::temp_dir root("pipe-fifo");
     for (const std::string which : {"subgroup", "manifest"}) {
         INFO(which);
@@ -1075,7 +1075,7 @@ TEST_CASE(
 }
 
 TEST_CASE("restore says a directory in place of a subgroup file is a directory") {
-    // Before: the directory was opened and its size (4096 bytes) reported as a truncated file.
+    // A directory has a size (4096 bytes on ext4): it must not be reported as a truncated file.
     test::temp_dir root("pipe-dir-subgroup");
     const auto dir = root.path() / "ckpt";
     const auto cfg = save_after_one_step(dir, 53, 4);
@@ -1097,7 +1097,8 @@ TEST_CASE("restore says a directory in place of a subgroup file is a directory")
 }
 
 TEST_CASE("restore says a deleted manifest.txt is missing, naming its path") {
-    // Before: "update_pipeline::restore: <path>: open failed: No such file or directory".
+    // The message says the manifest is missing and names it, not just "open failed: No such
+    // file or directory".
     test::temp_dir root("pipe-no-manifest");
     const auto dir = root.path() / "ckpt";
     const auto cfg = save_after_one_step(dir, 54, 4);

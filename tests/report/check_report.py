@@ -3,6 +3,7 @@
 """report.generate: scripts/bench_report.py on trimmed benchmark JSON (tests/report/fixtures).
 
 Usage: check_report.py --script scripts/bench_report.py --fixtures tests/report/fixtures --work DIR
+       check_report.py --consistent docs/benchmarks.md   (report.benchmarks_consistent)
 
 Checks, on real (smoke-size, trimmed) benchmark output:
 1. Every section and every plot is produced, each section names its machine and date, and
@@ -20,6 +21,10 @@ Checks, on real (smoke-size, trimmed) benchmark output:
    fixture: it needs a GPU): the GPU named, each row against its limit, the stash's rows and
    goal (only where compute covers its copies), a plot; a run whose sysfs shows no link, a
    failed row, and a run without a GPU (every row skipped).
+7. (--consistent, and on every generated report) The summary table and the sections agree:
+   each summary row is a goal line of one section, with the same goal, figure, verdict,
+   machine and date as that section's latest run; no machine-local temporary path and no
+   comparison with an earlier run is written in.
 """
 
 import argparse
@@ -77,6 +82,86 @@ def sections_of(text: str) -> dict[str, str]:
     return parts
 
 
+SUMMARY_ROW = re.compile(r"^\| (?P<what>.+?) \| (?P<goal>.*?) \| (?P<measured>.*?) \| (?P<when>.*?) \| "
+                         r"(?P<verdict>met|not met|–) \|$")
+GOAL_LINE = re.compile(r"^- \*\*(?P<verdict>met|not met|–)\*\*: (?P<what>.+?): goal (?P<goal>.*?); "
+                       r"this run (?P<measured>.*)\.$")
+FORBIDDEN = [(re.compile(r"/tmp/|/var/tmp/"), "a machine-local temporary path"),
+             (re.compile(r"previous run|earlier run|the last run", re.I), "a comparison with an earlier run")]
+
+
+def inconsistencies(text: str) -> list[str]:
+    """What the summary table says that no section says alike, and forbidden text (check 7)."""
+    problems = []
+    head, _, rest = text.partition("\n## ")
+    summary = [m.groupdict() for m in map(SUMMARY_ROW.match, head.splitlines()) if m and m["what"] != "what"]
+    if not summary:
+        problems.append("the report has no summary table")
+    goals = {}  # what -> (goal, measured, verdict, the section's title, its run's date)
+    for title, body in sections_of(text).items():
+        run = re.search(r"_Latest run: [^,]*, [^,]*, (\d{4}-\d{2}-\d{2})", body)
+        for line in body.splitlines():
+            m = GOAL_LINE.match(line)
+            if m:
+                goals.setdefault(m["what"], []).append((m["goal"], m["measured"], m["verdict"], title,
+                                                        run.group(1) if run else None))
+    for row in summary:
+        if row["measured"] == "not measured":
+            continue
+        found = goals.get(row["what"])
+        if not found:
+            problems.append(f"summary row '{row['what']}' is the goal of no section")
+            continue
+        goal, measured, verdict, title, date = found[0]
+        for name, theirs in (("goal", goal), ("figure", measured), ("verdict", verdict)):
+            ours = row[name if name != "figure" else "measured"]
+            if ours.strip() != theirs.strip() and not (name == "goal" and ours == "–" and theirs == "–"):
+                problems.append(f"summary row '{row['what']}': the summary's {name} '{ours}' is not "
+                                f"section '{title}''s '{theirs}'")
+        if date and date not in row["when"] and "same run" not in row["what"]:
+            problems.append(f"summary row '{row['what']}' says '{row['when']}', section '{title}''s run is of {date}")
+    for pattern, what in FORBIDDEN:
+        for number, line in enumerate(text.splitlines(), 1):
+            if pattern.search(line):
+                problems.append(f"line {number} writes in {what}: {line.strip()[:120]}")
+    return problems
+
+
+class ConsistencyTest(unittest.TestCase):
+    """Check 7 on hand-made text: each kind of disagreement is found, and only those."""
+
+    DOC = """# Report
+
+| what | goal | this run | measured on | |
+| --- | --- | --- | --- | --- |
+| A step | ≤ 1.25x | 1.10x | Box, 2026-12-06 | met |
+
+## Section
+
+_Latest run: Box, 2 CPUs, 2026-12-06 02:08 UTC._
+
+**Goals**
+
+- **met**: A step: goal ≤ 1.25x; this run 1.10x.
+"""
+
+    def test_agreeing_text_passes(self):
+        self.assertEqual(inconsistencies(self.DOC), [])
+
+    def test_each_disagreement_is_found(self):
+        for old, new, said in (("1.10x.", "1.34x.", "figure"), ("- **met**", "- **not met**", "verdict"),
+                               ("Box, 2026-12-06 |", "Box, 2026-12-05 |", "run is of 2026-12-06"),
+                               ("- **met**: A step", "- **met**: Another step", "the goal of no section")):
+            with self.subTest(said=said):
+                problems = inconsistencies(self.DOC.replace(old, new))
+                self.assertTrue(any(said in p for p in problems), problems)
+
+    def test_forbidden_text_is_found(self):
+        for extra in ("Not measured: /tmp/latest/json/cuda.json", "The previous run read 1.34."):
+            with self.subTest(extra=extra):
+                self.assertEqual(len(inconsistencies(self.DOC + extra + "\n")), 1)
+
+
 class ReportTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -104,6 +189,7 @@ class ReportTest(unittest.TestCase):
         text = (out / "benchmarks.md").read_text()
         sections = sections_of(text)
         self.assertEqual(len(sections), len(self.report.SECTIONS))
+        self.assertEqual(inconsistencies(text), [])  # check 7: the summary is the sections'
         for s in self.unmeasured:
             self.assertIn("**Not measured**", sections[s.title], s.key)
         for s in self.measured:
@@ -532,10 +618,19 @@ def fmt_pct(share: float) -> str:
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
-    ap.add_argument("--script", required=True)
-    ap.add_argument("--fixtures", required=True)
-    ap.add_argument("--work", required=True)
+    ap.add_argument("--consistent", type=Path, help="check 7 on this report, and nothing else")
+    ap.add_argument("--script")
+    ap.add_argument("--fixtures")
+    ap.add_argument("--work")
     ARGS, rest = ap.parse_known_args()
+    if ARGS.consistent:
+        problems = inconsistencies(ARGS.consistent.read_text())
+        for p in problems:
+            print(f"{ARGS.consistent}: {p}")
+        print(f"{ARGS.consistent}: summary and sections {'disagree' if problems else 'agree'}")
+        sys.exit(1 if problems else 0)
+    if not (ARGS.script and ARGS.fixtures and ARGS.work):
+        ap.error("--script, --fixtures and --work are required (or --consistent FILE)")
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

@@ -15,20 +15,28 @@ namespace spillway::test {
 
 class temp_dir {
 public:
+    /// Where the tests' directories go: $SPILLWAY_TEST_TMPDIR, else the system's temporary
+    /// directory.
+    static std::filesystem::path root() {
+        const char* base = std::getenv("SPILLWAY_TEST_TMPDIR");
+        return base && *base ? std::filesystem::path(base) : std::filesystem::temp_directory_path();
+    }
+
     explicit temp_dir(const std::string& prefix = "spillway") {
         namespace fs = std::filesystem;
-        const char* base = std::getenv("SPILLWAY_TEST_TMPDIR");
-        fs::path root = base && *base ? fs::path(base) : fs::temp_directory_path();
+        const fs::path root = temp_dir::root();
         fs::create_directories(root);
         std::random_device rd;
         for (int attempt = 0;; ++attempt) {
             path_ = root / (prefix + "-" + std::to_string(rd()));
             if (fs::create_directory(path_)) break;
-            if (attempt > 100) throw std::runtime_error("temp_dir: cannot create under " + root.string());
+            if (attempt > 100)
+                throw std::runtime_error("temp_dir: cannot create under " + root.string());
         }
     }
     /// A temporary directory on an explicit file system root (e.g. /dev/shm).
-    static temp_dir under(const std::filesystem::path& root, const std::string& prefix = "spillway") {
+    static temp_dir under(const std::filesystem::path& root,
+                          const std::string& prefix = "spillway") {
         temp_dir d(no_create{});
         std::random_device rd;
         d.path_ = root / (prefix + "-" + std::to_string(rd()));

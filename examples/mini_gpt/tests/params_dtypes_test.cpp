@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// --offload params with bf16 and fp16 gradients and from a --model file (issue 33): the same
+// --offload params with bf16 and fp16 gradients and from a --model file: the same
 // bits as --offload none, every layer streamed; an fp16 overflow skips the step as none does;
 // save and resume keep the bits; the budget still holds.
 #include <doctest/doctest.h>

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "spillway/error.hpp"
+#include "spillway/trace/json_string.hpp"
 
 /// Timelines of what the primitives do, exported for Perfetto (trace/recorder.hpp).
 namespace spillway::trace {
@@ -238,7 +239,7 @@ public:
         };
         sep();
         out << R"({"name":"process_name","ph":"M","pid":)" << pid << R"(,"tid":0,"args":{"name":)";
-        write_string(out, process_name_);
+        write_json_string(out, process_name_);
         out << "}}";
         for (std::size_t t = 0; t < names.size(); ++t) {
             std::size_t nlanes = std::max<std::size_t>(1, lanes[t].size());
@@ -249,7 +250,7 @@ public:
                 sep();
                 out << R"({"name":"thread_name","ph":"M","pid":)" << pid << ",\"tid\":" << tid
                     << R"(,"args":{"name":)";
-                write_string(out, label);
+                write_json_string(out, label);
                 out << "}}";
                 sep();
                 out << R"({"name":"thread_sort_index","ph":"M","pid":)" << pid << ",\"tid\":" << tid
@@ -260,10 +261,10 @@ public:
             const auto& e = evs[i];
             sep();
             out << "{\"name\":";
-            write_string(out, e.name);
+            write_json_string(out, e.name);
             if (!e.category.empty()) {
                 out << ",\"cat\":";
-                write_string(out, e.category);
+                write_json_string(out, e.category);
             }
             out << ",\"ph\":\"X\",\"ts\":";
             write_number(out, micros(e.begin - origin_));
@@ -274,7 +275,7 @@ public:
                 out << ",\"args\":{";
                 for (std::size_t a = 0; a < e.args.size(); ++a) {
                     if (a) out << ",";
-                    write_string(out, e.args[a].first);
+                    write_json_string(out, e.args[a].first);
                     out << ":";
                     write_number(out, e.args[a].second);
                 }
@@ -349,71 +350,6 @@ private:
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.3f", v);
         out << buf;
-    }
-    // Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one
-    // (a stray continuation byte, a truncated or overlong sequence, a surrogate, > U+10FFFF).
-    static std::size_t utf8_length(std::string_view s, std::size_t i) {
-        const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
-        const unsigned char c = b(0);
-        std::size_t n = c < 0x80           ? 1
-                        : (c >> 5) == 0x6  ? 2
-                        : (c >> 4) == 0xe  ? 3
-                        : (c >> 3) == 0x1e ? 4
-                                           : 0;
-        if (n == 0 || i + n > s.size()) return 0;
-        for (std::size_t k = 1; k < n; ++k)
-            if ((b(k) & 0xc0) != 0x80) return 0;
-        if (n == 2 && c < 0xc2) return 0;                   // overlong
-        if (n == 3 && c == 0xe0 && b(1) < 0xa0) return 0;   // overlong
-        if (n == 3 && c == 0xed && b(1) >= 0xa0) return 0;  // surrogate
-        if (n == 4 && (c > 0xf4 || (c == 0xf0 && b(1) < 0x90) || (c == 0xf4 && b(1) >= 0x90)))
-            return 0;
-        return n;
-    }
-    // A JSON string: quotes, backslashes and control bytes escaped; bytes that are not valid
-    // UTF-8 written as U+FFFD (JSON text is UTF-8, and the trace viewers refuse others).
-    static void write_string(std::ostream& out, std::string_view s) {
-        out << '"';
-        for (std::size_t i = 0; i < s.size(); ++i) {
-            const char c = s[i];
-            auto u = static_cast<unsigned char>(c);
-            if (u >= 0x80) {
-                const std::size_t n = utf8_length(s, i);
-                if (n == 0) {
-                    out << "\\ufffd";
-                } else {
-                    out << s.substr(i, n);
-                    i += n - 1;
-                }
-                continue;
-            }
-            switch (c) {
-                case '"':
-                    out << "\\\"";
-                    break;
-                case '\\':
-                    out << "\\\\";
-                    break;
-                case '\n':
-                    out << "\\n";
-                    break;
-                case '\t':
-                    out << "\\t";
-                    break;
-                case '\r':
-                    out << "\\r";
-                    break;
-                default:
-                    if (u < 0x20) {
-                        char buf[8];
-                        std::snprintf(buf, sizeof buf, "\\u%04x", u);
-                        out << buf;
-                    } else {
-                        out << c;
-                    }
-            }
-        }
-        out << '"';
     }
 
     std::atomic<bool> enabled_;
