@@ -98,3 +98,21 @@ TEST_CASE("the process's baseline is the allowance unless the measured peak exce
     // This process has a peak, and it is not below a few pages.
     CHECK(spillway::peak_rss_bytes() > 4096);
 }
+
+TEST_CASE("layer_stream: a param_stream's smallest window and its whole model") {
+    const std::vector<std::size_t> layers = {3 << 20, 5 << 20, 4 << 20};
+    spillway::param_stream_options o;
+    o.held_layers = 2;
+    const auto d = spillway::layer_stream("params", layers, 4, o);
+    CHECK(d.name == "params");
+    CHECK(d.weight == 4);
+    CHECK(d.smallest == spillway::smallest_budget(layers, o));
+    CHECK(d.whole == spillway::charge_of(3 << 20) + spillway::charge_of(5 << 20) +
+                         spillway::charge_of(4 << 20));
+    // A budget of fixed + the smallest window plans the stream at exactly what it accepts.
+    memory_request r;
+    r.fixed = {{"fixed", 1 << 20}};
+    r.streams = {d};
+    r.budget = r.smallest_budget();
+    CHECK(plan_memory(r).windows[0] == spillway::smallest_budget(layers, o));
+}

@@ -16,8 +16,8 @@ namespace spillway {
 /// The per-step hyper-parameters: the learning rate and the decoupled weight decay of this
 /// step (validated as adamw_config's: finite and >= 0).
 struct step_hparams {
-    float lr = 1e-3f;
-    float weight_decay = 0.0f;
+    float lr = 1e-3f;            ///< this step's learning rate
+    float weight_decay = 0.0f;  ///< this step's decoupled weight decay
 };
 
 /// `config` with this step's lr and weight decay.

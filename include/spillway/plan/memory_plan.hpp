@@ -27,17 +27,20 @@
 #include <algorithm>
 #include <cstddef>
 #include <stdexcept>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spillway/human_bytes.hpp"
+#include "spillway/stream/param_stream_options.hpp"
 
 namespace spillway {
 
 /// A part of the budget that the windows cannot use.
 struct fixed_part {
-    std::string name;  ///< What it is, as the refusal names it ("the process").
-    std::size_t nbytes = 0;
+    std::string name;        ///< What it is, as the refusal names it ("the process").
+    std::size_t nbytes = 0;  ///< Its bytes.
 };
 
 /// A stream whose window the plan sizes.
@@ -49,11 +52,23 @@ struct stream_demand {
     std::size_t weight = 1;    ///< Its share of the surplus: its bytes per parameter.
 };
 
+/// The demand of a param_stream over layers of `layer_nbytes` with `options`: its smallest
+/// window smallest_budget(layer_nbytes, options), its whole every layer's charge_of(). The
+/// window plan_memory() gives it is the stream's param_stream_options::memory_budget.
+[[nodiscard]] inline stream_demand layer_stream(std::string name,
+                                                std::span<const std::size_t> layer_nbytes,
+                                                std::size_t weight,
+                                                const param_stream_options& options = {}) {
+    stream_demand d{std::move(name), smallest_budget(layer_nbytes, options), 0, weight};
+    for (auto n : layer_nbytes) d.whole += charge_of(n, options.pages);
+    return d;
+}
+
 /// What plan_memory() splits.
 struct memory_request {
-    std::size_t budget = 0;
-    std::vector<fixed_part> fixed;
-    std::vector<stream_demand> streams;
+    std::size_t budget = 0;              ///< The budget to split, in bytes.
+    std::vector<fixed_part> fixed;       ///< What stays resident whatever the windows.
+    std::vector<stream_demand> streams;  ///< The streams, in the order leftovers go to.
 
     /// The sum of the fixed parts.
     [[nodiscard]] std::size_t fixed_bytes() const noexcept {
@@ -90,6 +105,7 @@ struct memory_plan {
 /// bytes ("the smallest budget that works is N bytes (...)") and each part it is made of.
 class budget_too_small : public std::invalid_argument {
 public:
+    /// `what` is the message; `smallest` the smallest budget that works, in bytes.
     budget_too_small(const std::string& what, std::size_t smallest)
         : std::invalid_argument(what), smallest_(smallest) {}
     /// The smallest budget that works, in bytes.

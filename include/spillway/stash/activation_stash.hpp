@@ -674,7 +674,9 @@ private:
 template <class Stash>
 class no_grad_scope {
 public:
+    /// Opens a no-grad scope on `stash`, which must outlive this object.
     explicit no_grad_scope(Stash& stash) : stash_(stash) { stash_.begin_no_grad(); }
+    /// Closes it.
     ~no_grad_scope() { stash_.end_no_grad(); }
     no_grad_scope(const no_grad_scope&) = delete;
     no_grad_scope& operator=(const no_grad_scope&) = delete;
