@@ -1870,3 +1870,238 @@ TEST_CASE(
     CHECK(bits_equal(copy, ref.copy));
     check_state(pipe, ref);
 }
+
+// ---- Per-step hyper-parameters and resuming with a set step count ------------------------
+
+namespace {
+
+/// The learning rate and weight decay of 0-based step k: a warmup then a decay, and a weight
+/// decay that changes too, so that every step runs with its own values.
+step_hparams varying_hparams(int k) {
+    return step_hparams{.lr = 2e-2f / static_cast<float>(k + 1) + 1e-3f * static_cast<float>(k),
+                        .weight_decay = k % 2 == 0 ? 0.01f : 0.1f};
+}
+
+/// adamw_step over the whole arrays with step k's hparams: the reference of the per-step runs.
+template <class Grad>
+struct scheduled_reference {
+    std::vector<float> p, m, v;
+    std::int64_t steps = 0;
+    explicit scheduled_reference(std::vector<float> init)
+        : p(std::move(init)), m(p.size(), 0.0f), v(p.size(), 0.0f) {}
+    void step(const std::vector<Grad>& g, float scale, const step_hparams& h) {
+        adamw_step_args args{.step = steps + 1, .grad_scale = scale};
+        REQUIRE(adamw_step<Grad>(with_step(test_adam(), h), args, p, m, v,
+                                 std::span<const Grad>(g)) == step_result::applied);
+        ++steps;
+    }
+};
+
+template <class Grad, class Tier>
+void run_scheduled(Tier& tier, gradient_path path, std::size_t buffers, const char* what) {
+    CAPTURE(what);
+    CAPTURE(static_cast<int>(path));
+    CAPTURE(buffers);
+    auto init = make_params(params_total, 17);
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = buffers,
+                        .adam = test_adam()};
+    pipeline_options opt;
+    opt.gradients = path;
+    update_pipeline<Tier, Grad, float> pipe(tier, cfg, init, opt);
+    scheduled_reference<Grad> ref(init);
+    scheduled_reference<Grad> constant(init);  // the config's lr at every step
+    std::vector<float> copy(params_total);
+    const float scale = std::is_same_v<Grad, float16> ? 128.0f : 1.0f;
+    for (int k = 0; k < 6; ++k) {
+        auto g = make_grads<Grad>(params_total, 300 + static_cast<unsigned>(k), scale);
+        const step_hparams h = varying_hparams(k);
+        if (path == gradient_path::fp32_on_tier && k % 2 == 1) {
+            // The two-call form: hand over in backward, update with this step's hparams.
+            pipe.hand_over_gradients(g, update_args{.grad_scale = scale, .hparams = h});
+            REQUIRE(pipe.update(std::span<float>(copy)) == step_result::applied);
+        } else {
+            REQUIRE(pipe.update(g, copy, update_args{.grad_scale = scale, .hparams = h}) ==
+                    step_result::applied);
+        }
+        ref.step(g, scale, h);
+        constant.step(g, scale, hparams_of(test_adam()));
+        CHECK_MESSAGE(bits_equal(copy, ref.p), "params differ after step " << k);
+    }
+    check_state(pipe, ref);
+    CHECK_FALSE(bits_equal(ref.p, constant.p));  // the per-step values did reach the step
+}
+
+}  // namespace
+
+TEST_CASE("lr and weight decay per call: bit-identical to adamw_step with the same values") {
+    for (auto kind : {tier_kind::host, tier_kind::file, tier_kind::virtual_two_files}) {
+        tier_box box(kind);
+        box.visit([&](auto& tier) {
+            for (std::size_t buffers : {3u, 5u}) {
+                run_scheduled<float>(tier, gradient_path::lazy_widening, buffers, kind_name(kind));
+                run_scheduled<float16>(tier, gradient_path::lazy_widening, buffers,
+                                       kind_name(kind));
+                run_scheduled<bfloat16>(tier, gradient_path::fp32_on_tier, buffers,
+                                        kind_name(kind));
+            }
+            CHECK(tier.used() == 0);
+        });
+    }
+}
+
+TEST_CASE("lr per call: the config's values are the default, bad values are refused up front") {
+    host_tier tier;
+    auto init = make_params(params_total, 5);
+    pipeline_config cfg{
+        .param_count = params_total, .subgroup_size = subgroup, .adam = test_adam()};
+    update_pipeline<host_tier, float, float> a(tier, cfg, init, {.key_prefix = "a"});
+    update_pipeline<host_tier, float, float> b(tier, cfg, init, {.key_prefix = "b"});
+    std::vector<float> pa(params_total), pb(params_total);
+    auto g = make_grads<float>(params_total, 9, 1.0f);
+    a.update(g, pa);
+    b.update(g, pb, update_args{.hparams = hparams_of(test_adam())});
+    CHECK(bits_equal(pa, pb));
+    const auto written = tier.stats().bytes_written;
+    CHECK_THROWS_WITH_AS(b.update(g, pb, update_args{.hparams = step_hparams{.lr = -1.0f}}),
+                         doctest::Contains("lr = -1"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        b.update(g, pb, update_args{.hparams = step_hparams{.lr = 1e-3f, .weight_decay = NAN}}),
+        doctest::Contains("weight_decay = nan"), std::invalid_argument);
+    CHECK(tier.stats().bytes_written == written);  // refused before any I/O
+    CHECK(b.steps() == 1);
+}
+
+namespace {
+
+/// Runs steps [first, last) of the scheduled run on `pipe`.
+template <class P>
+void scheduled_steps(P& pipe, int first, int last, std::vector<float>& copy) {
+    for (int k = first; k < last; ++k) {
+        auto g = make_grads<float16>(params_total, 500 + static_cast<unsigned>(k), 64.0f);
+        REQUIRE(
+            pipe.update(g, copy, update_args{.grad_scale = 64.0f, .hparams = varying_hparams(k)}) ==
+            step_result::applied);
+    }
+}
+
+/// Every subgroup's params, m and v, concatenated subgroup by subgroup.
+template <class P>
+std::vector<float> whole_state(P& pipe) {
+    std::vector<float> out;
+    for (std::size_t s = 0; s < pipe.subgroup_count(); ++s) {
+        const std::size_t c = pipe.subgroup_elements(s);
+        std::vector<float> p(c), m(c), v(c);
+        pipe.read_state(s, p, m, v);
+        out.insert(out.end(), p.begin(), p.end());
+        out.insert(out.end(), m.begin(), m.end());
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run, bit for bit") {
+    test::temp_dir dir("pipe-resume-steps");
+    file_tier<> tier(dir.path());
+    auto init = make_params(params_total, 23);
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 5,
+                        .adam = test_adam()};
+    using pipe_t = update_pipeline<file_tier<>, float16, float>;
+    std::vector<float> whole_copy(params_total);
+    pipe_t whole(tier, cfg, init, {.key_prefix = "whole"});
+    scheduled_steps(whole, 0, 7, whole_copy);
+    const auto expected = whole_state(whole);
+
+    // The interrupted run: 4 steps, then its state as a trainer's own checkpoint would hold it.
+    std::vector<float> saved_params(params_total);
+    std::vector<std::vector<float>> saved_m, saved_v;
+    std::int64_t saved_steps = 0;
+    {
+        std::vector<float> copy(params_total);
+        pipe_t first(tier, cfg, init, {.key_prefix = "first"});
+        scheduled_steps(first, 0, 4, copy);
+        saved_steps = first.steps();
+        for (std::size_t s = 0; s < first.subgroup_count(); ++s) {
+            const std::size_t c = first.subgroup_elements(s);
+            saved_m.emplace_back(c);
+            saved_v.emplace_back(c);
+            first.read_state(s, std::span<float>(saved_params).subspan(s * subgroup, c),
+                             saved_m.back(), saved_v.back());
+        }
+    }
+    REQUIRE(saved_steps == 4);
+    auto resume = [&](std::int64_t steps, const char* prefix) {
+        auto p = std::make_unique<pipe_t>(tier, cfg, saved_params,
+                                          pipeline_options{.key_prefix = prefix});
+        for (std::size_t s = 0; s < p->subgroup_count(); ++s)
+            p->write_state(
+                s,
+                std::span<const float>(saved_params).subspan(s * subgroup, p->subgroup_elements(s)),
+                saved_m[s], saved_v[s]);
+        p->set_steps(steps);
+        return p;
+    };
+    {
+        auto resumed = resume(saved_steps, "resumed");
+        CHECK(resumed->steps() == 4);
+        std::vector<float> copy(params_total);
+        scheduled_steps(*resumed, 4, 7, copy);
+        CHECK(resumed->steps() == 7);
+        CHECK(bits_equal(whole_state(*resumed), expected));
+        CHECK(bits_equal(copy, whole_copy));
+    }
+    {
+        // Without the step count the bias corrections restart at step 1: other bits.
+        auto wrong = resume(0, "wrong");
+        std::vector<float> copy(params_total);
+        scheduled_steps(*wrong, 4, 7, copy);
+        CHECK_FALSE(bits_equal(whole_state(*wrong), expected));
+    }
+}
+
+TEST_CASE("write_state over resident and prefetched subgroups, then set_steps: the same bits") {
+    host_tier tier;
+    auto init = make_params(params_total, 29);
+    pipeline_config cfg{.param_count = params_total,
+                        .subgroup_size = subgroup,
+                        .host_buffers = 6,
+                        .adam = test_adam()};
+    using pipe_t = update_pipeline<host_tier, float16, float>;
+    std::vector<float> ca(params_total), cb(params_total);
+    pipe_t a(tier, cfg, init, {.key_prefix = "a"});
+    pipe_t b(tier, cfg, init, {.key_prefix = "b"});
+    scheduled_steps(a, 0, 6, ca);
+    scheduled_steps(b, 0, 3, cb);
+    REQUIRE(!b.resident_subgroups().empty());
+    const auto state = whole_state(b);
+    b.begin_prefetch();
+    REQUIRE(b.prefetched_count() > 0);
+    // Scramble, then put the state back: a resident subgroup's buffer and the tier's copies.
+    std::size_t at = 0;
+    for (std::size_t s = 0; s < b.subgroup_count(); ++s) {
+        const std::size_t c = b.subgroup_elements(s);
+        std::vector<float> junk(c, 7.0f);
+        b.write_state(s, junk, junk, junk);
+        std::span<const float> all(state);
+        b.write_state(s, all.subspan(at, c), all.subspan(at + c, c), all.subspan(at + 2 * c, c));
+        at += 3 * c;
+    }
+    CHECK(b.prefetched_count() == 0);
+    b.set_steps(3);
+    scheduled_steps(b, 3, 6, cb);
+    CHECK(bits_equal(whole_state(b), whole_state(a)));
+    CHECK(bits_equal(ca, cb));
+
+    CHECK_THROWS_WITH_AS(b.set_steps(-1), doctest::Contains("got -1"), std::invalid_argument);
+    std::vector<float> short_m(3);
+    CHECK_THROWS_WITH_AS(b.write_state(0, short_m, short_m, short_m),
+                         doctest::Contains("params has 3 elements, subgroup 0 has 128"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(b.write_state(99, {}, {}, {}),
+                         doctest::Contains("subgroup 99 out of range"), std::invalid_argument);
+}

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,7 @@
 #include "spillway/error.hpp"
 #include "spillway/io/aligned_buffer.hpp"
 #include "spillway/optim/adam.hpp"
+#include "spillway/optim/step_hparams.hpp"
 #include "spillway/schedule/alternating_order.hpp"
 #include "spillway/thread_pool.hpp"
 #include "spillway/trace/recorder.hpp"
@@ -134,6 +136,11 @@ using gradient_gate =
 /// Per-call arguments.
 struct update_args {
     float grad_scale = 1.0f;  ///< the loss scale the gradients carry (divided out)
+    /// This step's learning rate and weight decay (a schedule's output, validated as
+    /// adamw_config's); empty: pipeline_config::adam's. The other Adam settings (betas, eps)
+    /// stay the config's. A retried call (after a failed one) must pass the same values: the
+    /// subgroups that already hold the step keep what they got.
+    std::optional<step_hparams> hparams{};
     /// A streamed update: set by a trainer that calls update() while its backward pass is
     /// still computing the gradients (on a thread of its own), so that the update's I/O and
     /// Adam steps run under backward. The call then reads ahead as usual, but before the Adam

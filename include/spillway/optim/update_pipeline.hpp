@@ -9,7 +9,11 @@
 //
 // Guarantees (docs/design.md, "The update pipeline", gives the reasons):
 // - Results are bit-identical to adamw_step over the whole arrays in memory, for every
-//   order, resident-set size, gradient path and tier.
+//   order, resident-set size, gradient path and tier, also when each call passes its own
+//   lr and weight decay (update_args::hparams: a schedule's step_hparams; the config's
+//   adam is the default).
+// - A trainer resumes from a checkpoint of its own with write_state() and set_steps() (the
+//   step count sets the bias corrections); restore() does both from save()'s directory.
 // - An inf/NaN gradient skips the step (step_result::skipped_overflow) before any I/O;
 //   nothing changes. A streamed update (update_args::gradients_final) cannot skip and
 //   throws gradient_overflow_error instead. Clipping uses the norm summed in subgroup order.
@@ -72,6 +76,7 @@
 #include "spillway/optim/detail/subgroup_buffers.hpp"
 #include "spillway/optim/half.hpp"
 #include "spillway/optim/pipeline_config.hpp"
+#include "spillway/optim/step_hparams.hpp"
 #include "spillway/optim/update_stats.hpp"
 #include "spillway/schedule/alternating_order.hpp"
 #include "spillway/thread_pool.hpp"
@@ -154,12 +159,16 @@ public:
     ///    update(grads, ...) uses the result when it gets the same span (data and size) and
     ///    grad_scale, and checks again otherwise; the gradients' values must not change in
     ///    between. One update consumes it (a skipped or failed update included).
+    /// With fp32_on_tier, `args.hparams` are the lr and weight decay of the update(copy_out)
+    /// that follows; with lazy widening the update's own update_args name them.
     /// Returns the check's sum of squares (of each gradient divided by grad_scale, in double):
     /// +inf or NaN when a gradient is inf or NaN, and the next update is then skipped. A
     /// trainer that shards the parameters over ranks combines the ranks' verdicts from it.
     double hand_over_gradients(std::span<const Grad> grads, update_args args = {}) {
         check_grads_size(grads);
         detail::check_grad_scale(args.grad_scale);
+        (void)step_config(args.hparams);  // refused here, before any I/O
+        handover_hparams_ = args.hparams;
         auto t0 = clock::now();
         handover_ = check_record{};  // (valid again only once the hand-over is complete)
         auto check = check_record::made(
@@ -185,9 +194,10 @@ public:
                         "update_pipeline: a streamed update (update_args::gradients_final) needs "
                         "lazy widening: "
                         "gradient_path::fp32_on_tier hands every gradient over first");
+        const adamw_config adam = step_config(args.hparams);
         if (opts_.gradients == gradient_path::fp32_on_tier) {
             hand_over_gradients(grads, args);
-            return run(std::span<const Grad>{}, copy_out);
+            return run(std::span<const Grad>{}, copy_out, adam);
         }
         check_copy_size(copy_out);  // bad arguments are refused before any I/O
         detail::check_grad_scale(args.grad_scale);
@@ -198,7 +208,7 @@ public:
                 "max_grad_norm is " +
                     std::to_string(cfg_.max_grad_norm) +
                     " and the norm needs every gradient first");
-            return run_streamed(grads, copy_out, args);
+            return run_streamed(grads, copy_out, args, adam);
         }
         auto t0 = clock::now();
         auto children_before = child_snapshot(tier_);
@@ -214,17 +224,18 @@ public:
             check_seconds = seconds_since(t0);
         }
         detail::consume_on_exit<Grad> consumed{handover_};  // whatever the outcome
-        auto r = run(grads, copy_out, t0, std::move(children_before));
+        auto r = run(grads, copy_out, adam, t0, std::move(children_before));
         stats_.compute_seconds += check_seconds;
         return r;
     }
 
-    /// gradient_path::fp32_on_tier: the update after hand_over_gradients() for this step.
+    /// gradient_path::fp32_on_tier: the update after hand_over_gradients() for this step,
+    /// with the lr and weight decay the hand-over's update_args named (update_args::hparams).
     step_result update(std::span<ParamCopy> copy_out) {
         expect_argument(opts_.gradients == gradient_path::fp32_on_tier,
                         "update_pipeline::update(copy_out) needs gradient_path::fp32_on_tier; "
                         "pass the gradients with lazy widening");
-        return run(std::span<const Grad>{}, copy_out);
+        return run(std::span<const Grad>{}, copy_out, step_config(handover_hparams_));
     }
 
     /// Starts reading, into free host buffers, the first subgroups the next update() visits
@@ -263,6 +274,85 @@ public:
     void save(const std::filesystem::path& dir) {
         detail::save_state(dir, cfg_, bufs_, std::span<const float>(opts_.master_params), steps_,
                            iteration_);
+    }
+
+    // ---- Resuming from a trainer's own checkpoint ---------------------------------------
+
+    /// Sets the number of completed Adam steps: the next update() applies step
+    /// `completed` + 1 (its bias corrections 1 - beta^(completed + 1)). With write_state(), a
+    /// trainer resumes from a checkpoint of its own (for example llm.c's, which stores m, v
+    /// and the step): built from the checkpoint's params, given each subgroup's m and v and
+    /// the step count, the pipeline continues bit-identically to the run that wrote it.
+    /// (restore() sets the step from its save by itself.) The visiting order's parity stays
+    /// as it is; it never changes a result.
+    /// @throws std::invalid_argument when `completed` < 0; std::logic_error when the last
+    ///         update() failed part-way (subgroups at different steps: run update() again)
+    void set_steps(std::int64_t completed) {
+        expect_argument(completed >= 0,
+                        "update_pipeline::set_steps: completed steps must be >= 0, got " +
+                            std::to_string(completed));
+        for (std::size_t s = 0; s < n_; ++s)
+            if (bufs_.version_of(s) != steps_)
+                throw std::logic_error("update_pipeline::set_steps: subgroup " + std::to_string(s) +
+                                       " holds step " + std::to_string(bufs_.version_of(s)) +
+                                       " but the pipeline is at step " + std::to_string(steps_) +
+                                       " (a failed update: call update() again first)");
+        bufs_.relabel_step(completed);
+        steps_ = completed;
+        handover_ = check_record{};  // a hand-over names the step it was for
+    }
+
+    /// Replaces subgroup s's state with `params`, `m` and `v` (each subgroup_elements(s)
+    /// long), as of the pipeline's current step (steps()). With master_params the params are
+    /// the caller's: `params` may be empty to leave them, or is copied there. A resident
+    /// subgroup takes the new state in its buffer (written by the next update or flush());
+    /// any other is written to the tier before the call returns. A prefetch is taken back.
+    /// @throws std::invalid_argument for s out of range or a span of another size;
+    ///         std::system_error naming the subgroup when the tier fails (the tier then keeps
+    ///         the subgroup's previous state)
+    void write_state(std::size_t s, std::span<const float> params, std::span<const float> m,
+                     std::span<const float> v) {
+        expect_argument(s < n_, "update_pipeline::write_state: subgroup " + std::to_string(s) +
+                                    " out of range (" + std::to_string(n_) + " subgroups)");
+        const std::size_t c = subgroup_elements(s);
+        auto check = [&](std::span<const float> in, const char* what, bool may_be_empty) {
+            expect_argument(in.size() == c || (may_be_empty && in.empty()),
+                            std::string("update_pipeline::write_state: ") + what + " has " +
+                                std::to_string(in.size()) + " elements, subgroup " +
+                                std::to_string(s) + " has " + std::to_string(c));
+        };
+        check(params, "params", master_in_caller());
+        check(m, "m", false);
+        check(v, "v", false);
+        bufs_.cancel_prefetch();
+        const bool resident = bufs_.resident_of(s) >= 0;
+        const std::size_t b = resident ? bufs_.take_resident(s) : bufs_.scratch();
+        auto& buf = bufs_[b];
+        float* f = buf.mem.template as<float>().data();
+        if (master_in_caller()) {
+            if (!params.empty())
+                std::memcpy(opts_.master_params.data() + s * cfg_.subgroup_size, params.data(),
+                            c * sizeof(float));
+        } else {
+            std::memcpy(f, params.data(), c * sizeof(float));
+            f += c;
+        }
+        std::memcpy(f, m.data(), c * sizeof(float));
+        std::memcpy(f + c, v.data(), c * sizeof(float));
+        buf.sg = static_cast<std::ptrdiff_t>(s);
+        buf.version = steps_;
+        buf.dirty = true;
+        if (resident) {
+            bufs_.keep_resident(b);
+            return;
+        }
+        try {
+            bufs_.write_now(b);
+        } catch (...) {
+            bufs_.release(b);
+            throw;
+        }
+        bufs_.release(b);
     }
 
     // ---- Inspection -----------------------------------------------------------------
@@ -436,15 +526,26 @@ private:
     // A streamed update (update_args::gradients_final): nothing is checked up front; run()
     // checks each subgroup's gradients once its gate opens.
     step_result run_streamed(std::span<const Grad> grads, std::span<ParamCopy> copy_out,
-                             const update_args& args) {
+                             const update_args& args, const adamw_config& adam) {
         auto t0 = clock::now();
         auto children_before = child_snapshot(tier_);
         handover_ = check_record::made(steps_ + 1, args.grad_scale);
         detail::consume_on_exit<Grad> consumed{handover_};
-        return run(grads, copy_out, t0, std::move(children_before), &args.gradients_final);
+        return run(grads, copy_out, adam, t0, std::move(children_before), &args.gradients_final);
     }
 
+    // The Adam settings of one call: the config's, with this step's lr and weight decay.
+    // Throws std::invalid_argument naming the field before any I/O.
+    [[nodiscard]] adamw_config step_config(const std::optional<step_hparams>& hparams) const {
+        if (!hparams) return cfg_.adam;
+        const adamw_config adam = with_step(cfg_.adam, *hparams);
+        validate(adam);
+        return adam;
+    }
+
+    // `adam`: this call's Adam settings (step_config).
     step_result run(std::span<const Grad> grads, std::span<ParamCopy> copy_out,
+                    const adamw_config& adam,
                     std::optional<clock::time_point> started = std::nullopt,
                     std::optional<std::vector<child_io>> children_before = std::nullopt,
                     const gradient_gate* gate = nullptr) {
@@ -534,7 +635,7 @@ private:
                 fp32_grads_.wait_read(b, s);
                 // Step 4: compute (a streamed update first waits for and checks the gradients).
                 if (streamed) streamed->await(s, p, [&] { read_ahead(p + 1); });
-                compute(b, s, target, args, grads, copy_out);
+                compute(b, s, target, adam, args, grads, copy_out);
                 if (opts_.on_subgroup_updated) opts_.on_subgroup_updated(s);
                 // Step 5: hand the buffer on.
                 if (p + keep >= n_)
@@ -563,8 +664,9 @@ private:
         return step_result::applied;
     }
 
-    void compute(std::size_t b, std::size_t s, std::int64_t target, const adamw_step_args& args,
-                 std::span<const Grad> grads, std::span<ParamCopy> copy_out) {
+    void compute(std::size_t b, std::size_t s, std::int64_t target, const adamw_config& adam,
+                 const adamw_step_args& args, std::span<const Grad> grads,
+                 std::span<ParamCopy> copy_out) {
         auto& buf = bufs_[b];
         const std::size_t c = subgroup_elements(s);
         const std::size_t off = s * cfg_.subgroup_size;
@@ -586,8 +688,8 @@ private:
         const std::size_t chunk =
             std::max<std::size_t>(4096, cfg_.piece_bytes / (3 * sizeof(float)));
         auto step = [&](auto g) {
-            return detail::step_subgroup(buf.version, target, s, cfg_.adam, args, p, m, v, g, out,
-                                         chunk, opts_.pool, [this] { bufs_.poll(); });
+            return detail::step_subgroup(buf.version, target, s, adam, args, p, m, v, g, out, chunk,
+                                         opts_.pool, [this] { bufs_.poll(); });
         };
         const bool stepped = fp32_grads_.active()
                                  ? step(std::span<const float>(fp32_grads_.section(b, s)))
@@ -672,6 +774,7 @@ private:
     std::int64_t steps_ = 0;
     std::uint64_t iteration_ = 0;  // successful update calls (the order's parity)
     check_record handover_;        // this step's gradient check (detail/gradient_check.hpp)
+    std::optional<step_hparams> handover_hparams_;  // fp32_on_tier: the hand-over's hparams
     trace::track_id tr_compute_ = 0;
 };
 

@@ -168,6 +168,14 @@ public:
     /// After a restore: the tier holds `step` for every subgroup.
     void set_tier_step(std::int64_t step) { tier_version_.assign(n_, step); }
 
+    /// Every copy of every subgroup (the tier's, each buffer's, a write in flight's) is
+    /// labelled as holding step `step`; the caller checked that they all held one step.
+    void relabel_step(std::int64_t step) {
+        tier_version_.assign(n_, step);
+        for (auto& b : bufs_)
+            if (b.sg >= 0) b.version = step;
+    }
+
     /// free -> reading: issues the read of subgroup s into buffer b (the tier's step, clean).
     void start_read(std::size_t b, std::size_t s) {
         auto& buf = bufs_[b];

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+# Runs your_trainer in memory and offloaded (two paths, one budget) and fails unless both print
+# the same losses and final CRC, the offloaded run's peak RSS is within its budget, and a budget
+# one byte under the smallest it names is refused (exit 2) naming that figure.
+# It also counts the lines of code Spillway adds (the [spillway-*] regions, comments and blank
+# lines left out): docs/integration.md promises fewer than 60.
+# Usage: cmake -DTRAINER=... -DSCRATCH=... -P your_trainer_check.cmake
+file(READ ${CMAKE_CURRENT_LIST_DIR}/your_trainer.cpp text)
+# One list item per line: ';' and the brackets (which CMake's lists treat specially) replaced.
+string(REPLACE ";" "<semicolon>" text "${text}")
+string(REPLACE "[" "<open>" text "${text}")
+string(REPLACE "]" "<close>" text "${text}")
+string(REPLACE "\n" ";" source "${text}")
+set(inside FALSE)
+set(added 0)
+foreach(line IN LISTS source)
+  if(line MATCHES "// <open>spillway-[a-z]+-begin<close>")
+    set(inside TRUE)
+  elseif(line MATCHES "// <open>spillway-[a-z]+-end<close>")
+    set(inside FALSE)
+  elseif(inside AND NOT line MATCHES "^[ ]*(//.*)?$")
+    math(EXPR added "${added} + 1")
+  endif()
+endforeach()
+message(STATUS "your_trainer.cpp: ${added} lines of code in its [spillway-*] regions")
+if(added EQUAL 0 OR added GREATER_EQUAL 60)
+  message(FATAL_ERROR "your_trainer.cpp adds ${added} lines for Spillway; the guide promises fewer than 60")
+endif()
+set(model --layers 6 --width 96 --batch 24 --steps 5)
+file(REMOVE_RECURSE ${SCRATCH})
+file(MAKE_DIRECTORY ${SCRATCH}/a ${SCRATCH}/b)
+
+function(run out_var rc_var)
+  execute_process(COMMAND ${TRAINER} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  message(STATUS "your_trainer ${ARGN}: exit ${rc}\n${out}${err}")
+  set(${out_var} "${out}${err}" PARENT_SCOPE)
+  set(${rc_var} "${rc}" PARENT_SCOPE)
+endfunction()
+
+# The lines two runs must share: each step's loss and the final params' CRC.
+function(results text out_var)
+  string(REGEX MATCHALL "step [0-9]+ loss [^\n]*|params crc32c [0-9a-f]+" lines "${text}")
+  set(${out_var} "${lines}" PARENT_SCOPE)
+endfunction()
+
+run(memory rc ${model} --offload none)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the in-memory run failed")
+endif()
+set(budget 48M)
+run(offloaded rc ${model} --offload all --memory-budget ${budget} --path ${SCRATCH}/a
+    --path ${SCRATCH}/b)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the offloaded run failed")
+endif()
+results("${memory}" want)
+results("${offloaded}" got)
+list(LENGTH want n)
+if(n LESS 6 OR NOT want STREQUAL got)
+  message(FATAL_ERROR "offloaded and in-memory runs differ:\n${want}\n--\n${got}")
+endif()
+string(REGEX MATCH "peak RSS ([0-9]+) bytes of the budget ([0-9]+)" _ "${offloaded}")
+if(NOT CMAKE_MATCH_1 OR CMAKE_MATCH_1 GREATER CMAKE_MATCH_2)
+  message(FATAL_ERROR "the offloaded run's peak RSS is over its budget (or not printed)")
+endif()
+string(REGEX MATCH "smallest budget ([0-9]+) bytes" _ "${offloaded}")
+set(smallest ${CMAKE_MATCH_1})
+math(EXPR below "${smallest} - 1")
+run(refused rc ${model} --offload all --memory-budget ${below} --path ${SCRATCH}/a)
+if(NOT rc EQUAL 2 OR NOT refused MATCHES "${smallest}")
+  message(FATAL_ERROR "a budget of ${below} bytes was not refused naming ${smallest}")
+endif()
+file(REMOVE_RECURSE ${SCRATCH})
