@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <spillway/optim/update_pipeline.hpp>
+#include <spillway/schedule/lr_schedule.hpp>
 #include <spillway/tier/faulty_tier.hpp>
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
@@ -2035,14 +2036,16 @@ TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run,
     }
     REQUIRE(saved_steps == 4);
     auto resume = [&](std::int64_t steps, const char* prefix) {
+        // [resume-own-checkpoint-begin]
+        // Built from the checkpoint's params; then each subgroup's m and v, and the step count.
         auto p = std::make_unique<pipe_t>(tier, cfg, saved_params,
                                           pipeline_options{.key_prefix = prefix});
+        std::span<const float> params(saved_params);
         for (std::size_t s = 0; s < p->subgroup_count(); ++s)
-            p->write_state(
-                s,
-                std::span<const float>(saved_params).subspan(s * subgroup, p->subgroup_elements(s)),
-                saved_m[s], saved_v[s]);
-        p->set_steps(steps);
+            p->write_state(s, params.subspan(s * subgroup, p->subgroup_elements(s)), saved_m[s],
+                           saved_v[s]);
+        p->set_steps(steps);  // the next update applies step steps + 1
+        // [resume-own-checkpoint-end]
         return p;
     };
     {
@@ -2103,4 +2106,34 @@ TEST_CASE("write_state over resident and prefetched subgroups, then set_steps: t
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(b.write_state(99, {}, {}, {}),
                          doctest::Contains("subgroup 99 out of range"), std::invalid_argument);
+}
+
+TEST_CASE("a cosine schedule through update_args::hparams equals adamw_step at each step's lr") {
+    test::temp_dir dir("pipe-schedule");
+    file_tier<> tier(dir.path());
+    auto init = make_params(params_total, 31);
+    pipeline_config cfg{
+        .param_count = params_total, .subgroup_size = subgroup, .adam = test_adam()};
+    update_pipeline<file_tier<>, bfloat16, float> pipe(tier, cfg, init);
+    std::vector<float> copy(params_total), p = init, m(params_total, 0.0f), v(params_total, 0.0f);
+    std::vector<float> lrs;
+    // [schedule-per-step-begin]
+    const lr_schedule schedule{.decay = lr_decay::cosine,
+                               .lr = 6e-4f,
+                               .lr_min = 6e-5f,
+                               .warmup_steps = 2,
+                               .total_steps = 8};
+    validate(schedule);
+    for (std::int64_t k = 0; k < 8; ++k) {  // k: the 0-based step
+        const auto grads = make_grads<bfloat16>(params_total, 700 + k, 1.0f);
+        const step_hparams h{.lr = learning_rate(schedule, k), .weight_decay = 0.1f};
+        pipe.update(grads, copy, update_args{.hparams = h});
+        // [schedule-per-step-end]
+        lrs.push_back(h.lr);
+        adamw_step<bfloat16>(with_step(test_adam(), h), adamw_step_args{.step = k + 1}, p, m, v,
+                             std::span<const bfloat16>(grads));
+        CHECK_MESSAGE(bits_equal(copy, p), "step " << k);
+    }
+    CHECK(lrs[1] == 6e-4f);  // the end of the warmup
+    CHECK(lrs[7] < lrs[2]);  // decaying
 }
