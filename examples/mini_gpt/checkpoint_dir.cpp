@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -30,12 +31,13 @@ constexpr const char* manifest_file = "save.manifest";
 
 constexpr std::uint64_t state_magic_v1 = 0x4d475054'53544154ull;  // "MGPTSTAT"
 constexpr std::uint64_t state_magic_v2 = 0x4d475054'53544132ull;  // "MGPTSTA2"
-constexpr std::uint64_t state_magic = 0x4d475054'53544133ull;     // "MGPTSTA3"
+constexpr std::uint64_t state_magic_v3 = 0x4d475054'53544133ull;  // "MGPTSTA3"
+constexpr std::uint64_t state_magic = 0x4d475054'53544134ull;     // "MGPTSTA4"
 
 // The fields in order, each as its bytes (little-endian on every machine this runs on);
-// formats 2 and 3 have the same fields.
+// formats 2 and 3 have the same fields; format 4 adds the schedule's after them.
 template <class Fn>
-void state_fields(train_state& s, bool v2, Fn&& field) {
+void state_fields(train_state& s, bool v2, bool v4, Fn&& field) {
     field(s.next_step);
     field(s.adam_steps);
     field(s.loss_scale);
@@ -46,11 +48,17 @@ void state_fields(train_state& s, bool v2, Fn&& field) {
     field(s.shape.seq);
     field(s.shape.tokens);
     field(s.shape.tokens_hash);
+    if (!v4) return;
+    field(s.schedule.decay);  // (an int: lr_decay's underlying type)
+    field(s.schedule.lr);
+    field(s.schedule.lr_min);
+    field(s.schedule.warmup_steps);
+    field(s.schedule.total_steps);
 }
-std::size_t state_bytes(bool v2) {
+std::size_t state_bytes(bool v2, bool v4) {
     std::size_t n = 0;
     train_state probe;
-    state_fields(probe, v2, [&](auto& f) { n += sizeof f; });
+    state_fields(probe, v2, v4, [&](auto& f) { n += sizeof f; });
     return n;
 }
 
@@ -247,6 +255,22 @@ void check_shard_files(const std::vector<manifest_entry>& manifest,
     }
 }
 
+/// The flags that give schedule `s` (cli.cpp's lr_schedule_of), as a refusal names them:
+/// each number in the shortest text that reads back as the same float.
+std::string schedule_flags(const spillway::lr_schedule& s) {
+    auto num = [](float x) {
+        char buf[32];
+        return std::string(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
+    };
+    const bool cosine = s.decay == spillway::lr_decay::cosine;
+    std::string out = std::string("--lr-schedule ") + (cosine ? "cosine" : "constant") + " --lr " +
+                      num(s.lr);
+    if (cosine) out += " --lr-min " + num(s.lr_min);
+    out += " --warmup-steps " + std::to_string(s.warmup_steps);
+    if (cosine) out += " --steps " + std::to_string(s.total_steps);
+    return out;
+}
+
 }  // namespace
 
 std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens) {
@@ -256,7 +280,7 @@ std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens) {
 void write_state(const std::filesystem::path& path, train_state s) {
     std::vector<std::byte> b(sizeof state_magic);
     std::memcpy(b.data(), &state_magic, sizeof state_magic);
-    state_fields(s, true, [&](auto& f) {
+    state_fields(s, true, true, [&](auto& f) {
         const std::size_t at = b.size();
         b.resize(at + sizeof f);
         std::memcpy(b.data() + at, &f, sizeof f);
@@ -272,15 +296,16 @@ train_state parse_state(std::span<const std::byte> b, const std::filesystem::pat
     std::uint64_t magic = 0;
     if (b.size() < sizeof magic) throw input_error(path.string() + ": truncated state");
     std::memcpy(&magic, b.data(), sizeof magic);
-    if (magic != state_magic && magic != state_magic_v2 && magic != state_magic_v1)
+    if (magic != state_magic && magic != state_magic_v3 && magic != state_magic_v2 &&
+        magic != state_magic_v1)
         throw input_error(path.string() + ": bad magic (not a mini_gpt train.state)");
-    const bool v2 = magic != state_magic_v1;
+    const bool v2 = magic != state_magic_v1, v4 = magic == state_magic;
     // Format 1 wrote the struct of its four fields with its padding: 32 bytes.
-    if (b.size() != sizeof magic + (v2 ? state_bytes(true) : 32))
+    if (b.size() != sizeof magic + (v2 ? state_bytes(true, v4) : 32))
         throw input_error(path.string() + ": truncated state");
     train_state s;
     std::size_t at = sizeof magic;
-    state_fields(s, v2, [&](auto& f) {
+    state_fields(s, v2, v4, [&](auto& f) {
         using field_t = std::remove_reference_t<decltype(f)>;
         if (!v2)
             at = (at + alignof(field_t) - 1) / alignof(field_t) *
@@ -289,7 +314,8 @@ train_state parse_state(std::span<const std::byte> b, const std::filesystem::pat
         at += sizeof f;
     });
     s.has_run_shape = v2;
-    s.format = magic == state_magic ? 3 : v2 ? 2 : 1;
+    s.has_schedule = v4;
+    s.format = v4 ? 4 : magic == state_magic_v3 ? 3 : v2 ? 2 : 1;
     // Every field in range, or the file is refused by name (a negative step would read the
     // corpus before its start; a loss scale of 0 would be divided by).
     auto bad = [&](const std::string& what) {
@@ -306,6 +332,13 @@ train_state parse_state(std::span<const std::byte> b, const std::filesystem::pat
         bad("good-step count " + std::to_string(s.good_steps));
     if (v2 && (s.shape.grads < 0 || s.shape.grads > 2))
         bad("gradient type " + std::to_string(s.shape.grads));
+    if (v4) {
+        try {
+            spillway::validate(s.schedule);
+        } catch (const std::invalid_argument& e) {
+            bad(e.what());
+        }
+    }
     return s;
 }
 
@@ -372,8 +405,9 @@ train_state resume_checkpoint(const std::filesystem::path& resume_dir, const opt
     // resumed unchecked; format 3 is only ever written beside one, so its manifest was lost.
     if (!manifest && saved_state.format >= 3)
         throw input_error((dir / manifest_file).string() +
-                          ": missing (the save's train.state is format 3, written beside its "
-                          "manifest; without it the files cannot be checked)");
+                          ": missing (the save's train.state is format " +
+                          std::to_string(saved_state.format) +
+                          ", written beside its manifest; without it the files cannot be checked)");
     std::error_code ec;
     const bool saved_streamed =
         std::filesystem::exists(std::filesystem::symlink_status(dir / streamed_moments_file, ec));
@@ -419,8 +453,15 @@ train_state resume_checkpoint(const std::filesystem::path& resume_dir, const opt
                               std::to_string(run.tokens) + " here" +
                               (saved.tokens == run.tokens ? ", other values" : "") + ")");
     }
-    saved_state.has_run_shape = true;  // the next save records this run's (format 3)
+    if (saved_state.has_schedule && saved_state.schedule != state.schedule)
+        throw input_error(schedule_flags(state.schedule) + ": the save " +
+                          (dir / "train.state").string() + " was made with " +
+                          schedule_flags(saved_state.schedule) +
+                          "; resume with its schedule (another would not give the same steps)");
+    saved_state.has_run_shape = true;  // the next save records this run's (format 4)
     saved_state.shape = run;
+    saved_state.has_schedule = true;
+    saved_state.schedule = state.schedule;
     if (saved_state.next_step > opt.steps)
         throw input_error("--steps " + std::to_string(opt.steps) + ": the save " + dir.string() +
                           " is already at step " + std::to_string(saved_state.next_step) +

@@ -17,8 +17,9 @@
 // a file whose size or CRC differs, or a listed file that is gone, is refused by name. Every
 // file of a save is opened by spillway::open_regular_file (a FIFO, a device or a directory in
 // its place is refused at once, never waited on). train.state formats 1 and 2 (saves made
-// before manifests, which had none) resume unchecked; a save is always written in format 3,
-// and a format-3 train.state without save.manifest beside it is refused.
+// before manifests, which had none) resume unchecked; a save is always written in format 4
+// (format 3 and the learning-rate schedule), and a train.state of format 3 or 4 without
+// save.manifest beside it is refused.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "gpt2.hpp"
+#include "spillway/schedule/lr_schedule.hpp"
 #include "optimizer.hpp"
 #include "streamed_params.hpp"
 #include "trainer.hpp"
@@ -50,16 +52,21 @@ struct train_state {
         std::uint64_t tokens = 0;       // tokens in the data
         std::uint64_t tokens_hash = 0;  // FNV-1a of the tokens
     } shape;
-    int format = 3;  // of the train.state read (1, 2 or 3); a save always writes format 3
+    // The learning-rate schedule the steps ran with (format 4; has_schedule false before):
+    // a resume with another schedule would not give the same bits, so it is refused.
+    bool has_schedule = false;
+    spillway::lr_schedule schedule;
+    int format = 4;  // of the train.state read (1 to 4); a save always writes format 4
 };
 
 /// FNV-1a (64-bit) of the tokens' bytes: tells one token stream from another (on resume, and
 /// between ranks).
 std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens);
 
-/// Writes train.state (format 3: format 2's fields, in a save with a manifest) atomically;
-/// reads format 1, 2 or 3. read_state throws input_error naming the file when it is
-/// truncated, of another format or out of range; parse_state does the same from the bytes.
+/// Writes train.state (format 4: format 3's fields and the schedule's; format 3: format 2's
+/// fields, in a save with a manifest) atomically; reads format 1, 2, 3 or 4. read_state throws
+/// input_error naming the file when it is truncated, of another format or out of range; parse_state
+/// does the same from the bytes.
 void write_state(const std::filesystem::path& path, train_state s);
 train_state read_state(const std::filesystem::path& path);
 train_state parse_state(std::span<const std::byte> bytes, const std::filesystem::path& path);

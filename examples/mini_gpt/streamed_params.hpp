@@ -187,11 +187,15 @@ public:
     /// trainer. The file's header must describe this model (its config was read from it).
     /// @throws input_error naming the file (size, header, a NaN or infinite parameter)
     void load_model(const std::filesystem::path& model_file, const progress_fn& progress);
-    /// The AdamW step number (1-based) of this step's update and the loss scale backward
-    /// multiplies the loss by (grad_scale of the update and of the fp16 check).
-    void begin_step(std::int64_t t, float loss_scale = 1.0f) noexcept {
+    /// The AdamW step number (1-based) of this step's update, the loss scale backward
+    /// multiplies the loss by (grad_scale of the update and of the fp16 check), and the
+    /// step's lr and weight decay `h` (the schedule's). Called after the step's forward: the
+    /// fp16 update that forward applies is the previous step's, with the previous `h`.
+    void begin_step(std::int64_t t, float loss_scale, const spillway::step_hparams& h) noexcept {
         step_ = t;
         scale_ = loss_scale;
+        s_.adam.lr = h.lr;
+        s_.adam.weight_decay = h.weight_decay;
     }
     /// After backward (every rank): sums the ends' gradients over the ranks when
     /// reduce_gradients, then
@@ -263,8 +267,8 @@ private:
     streamed_params_settings s_;
     std::vector<std::filesystem::path> dirs_;         // <path>/mini_gpt-params, per path
     std::vector<spillway::owned_directory> folders_;  // this process's folder in each
-    std::unique_ptr<tier_type> tier_;        // params (and the fp16 spill)
-    std::unique_ptr<tier_type> state_tier_;  // m|v
+    std::unique_ptr<tier_type> tier_;                 // params (and the fp16 spill)
+    std::unique_ptr<tier_type> state_tier_;           // m|v
     std::unique_ptr<stream_type> params_, state_;
     std::unique_ptr<grad_spill> spill_;  // fp16 only
     // The ends: wte | wpe | lnfw | lnfb in one block each (params, grads, m, v).
