@@ -1875,6 +1875,14 @@ TEST_CASE(
 
 namespace {
 
+/// The config of the per-step tests: test_adam() over params_total parameters.
+pipeline_config scheduled_config(std::size_t host_buffers) {
+    return {.param_count = params_total,
+            .subgroup_size = subgroup,
+            .host_buffers = host_buffers,
+            .adam = test_adam()};
+}
+
 /// The learning rate and weight decay of 0-based step k: a warmup then a decay, and a weight
 /// decay that changes too, so that every step runs with its own values.
 step_hparams varying_hparams(int k) {
@@ -1903,10 +1911,7 @@ void run_scheduled(Tier& tier, gradient_path path, std::size_t buffers, const ch
     CAPTURE(static_cast<int>(path));
     CAPTURE(buffers);
     auto init = make_params(params_total, 17);
-    pipeline_config cfg{.param_count = params_total,
-                        .subgroup_size = subgroup,
-                        .host_buffers = buffers,
-                        .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(buffers);
     pipeline_options opt;
     opt.gradients = path;
     update_pipeline<Tier, Grad, float> pipe(tier, cfg, init, opt);
@@ -1954,8 +1959,7 @@ TEST_CASE("lr and weight decay per call: bit-identical to adamw_step with the sa
 TEST_CASE("lr per call: the config's values are the default, bad values are refused up front") {
     host_tier tier;
     auto init = make_params(params_total, 5);
-    pipeline_config cfg{
-        .param_count = params_total, .subgroup_size = subgroup, .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(3);
     update_pipeline<host_tier, float, float> a(tier, cfg, init, {.key_prefix = "a"});
     update_pipeline<host_tier, float, float> b(tier, cfg, init, {.key_prefix = "b"});
     std::vector<float> pa(params_total), pb(params_total);
@@ -2007,10 +2011,7 @@ TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run,
     test::temp_dir dir("pipe-resume-steps");
     file_tier<> tier(dir.path());
     auto init = make_params(params_total, 23);
-    pipeline_config cfg{.param_count = params_total,
-                        .subgroup_size = subgroup,
-                        .host_buffers = 5,
-                        .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(5);
     using pipe_t = update_pipeline<file_tier<>, float16, float>;
     std::vector<float> whole_copy(params_total);
     pipe_t whole(tier, cfg, init, {.key_prefix = "whole"});
@@ -2069,10 +2070,7 @@ TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run,
 TEST_CASE("write_state over resident and prefetched subgroups, then set_steps: the same bits") {
     host_tier tier;
     auto init = make_params(params_total, 29);
-    pipeline_config cfg{.param_count = params_total,
-                        .subgroup_size = subgroup,
-                        .host_buffers = 6,
-                        .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(6);
     using pipe_t = update_pipeline<host_tier, float16, float>;
     std::vector<float> ca(params_total), cb(params_total);
     pipe_t a(tier, cfg, init, {.key_prefix = "a"});
@@ -2112,8 +2110,7 @@ TEST_CASE("a cosine schedule through update_args::hparams equals adamw_step at e
     test::temp_dir dir("pipe-schedule");
     file_tier<> tier(dir.path());
     auto init = make_params(params_total, 31);
-    pipeline_config cfg{
-        .param_count = params_total, .subgroup_size = subgroup, .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(3);
     update_pipeline<file_tier<>, bfloat16, float> pipe(tier, cfg, init);
     std::vector<float> copy(params_total), p = init, m(params_total, 0.0f), v(params_total, 0.0f);
     std::vector<float> lrs;
