@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -35,11 +36,13 @@ constexpr const char* manifest_file = "save.manifest";
 // Formats 1 and 2, written before saves had manifests: recognised only to be refused by name.
 constexpr std::uint64_t state_magic_v1 = 0x4d475054'53544154ull;  // "MGPTSTAT"
 constexpr std::uint64_t state_magic_v2 = 0x4d475054'53544132ull;  // "MGPTSTA2"
-constexpr std::uint64_t state_magic = 0x4d475054'53544133ull;     // "MGPTSTA3"
+constexpr std::uint64_t state_magic_v3 = 0x4d475054'53544133ull;  // "MGPTSTA3"
+constexpr std::uint64_t state_magic = 0x4d475054'53544134ull;     // "MGPTSTA4"
 
-// Format 3's fields in order, each as its bytes (little-endian on every machine this runs on).
+// Format 3's fields in order, each as its bytes (little-endian on every machine this runs on);
+// format 4 adds the schedule's after them.
 template <class Fn>
-void state_fields(train_state& s, Fn&& field) {
+void state_fields(train_state& s, bool v4, Fn&& field) {
     field(s.next_step);
     field(s.adam_steps);
     field(s.loss_scale);
@@ -49,11 +52,17 @@ void state_fields(train_state& s, Fn&& field) {
     field(s.shape.seq);
     field(s.shape.tokens);
     field(s.shape.tokens_hash);
+    if (!v4) return;
+    field(s.schedule.decay);  // (an int: lr_decay's underlying type)
+    field(s.schedule.lr);
+    field(s.schedule.lr_min);
+    field(s.schedule.warmup_steps);
+    field(s.schedule.total_steps);
 }
-std::size_t state_bytes() {
+std::size_t state_bytes(bool v4) {
     std::size_t n = 0;
     train_state probe;
-    state_fields(probe, [&](auto& f) { n += sizeof f; });
+    state_fields(probe, v4, [&](auto& f) { n += sizeof f; });
     return n;
 }
 
@@ -320,6 +329,22 @@ bool only_save_files(const std::filesystem::path& tmp) {
     return !ec;
 }
 
+/// The flags that give schedule `s` (cli.cpp's lr_schedule_of), as a refusal names them:
+/// each number in the shortest text that reads back as the same float.
+std::string schedule_flags(const spillway::lr_schedule& s) {
+    auto num = [](float x) {
+        char buf[32];
+        return std::string(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
+    };
+    const bool cosine = s.decay == spillway::lr_decay::cosine;
+    std::string out = std::string("--lr-schedule ") + (cosine ? "cosine" : "constant") + " --lr " +
+                      num(s.lr);
+    if (cosine) out += " --lr-min " + num(s.lr_min);
+    out += " --warmup-steps " + std::to_string(s.warmup_steps);
+    if (cosine) out += " --steps " + std::to_string(s.total_steps);
+    return out;
+}
+
 }  // namespace
 
 std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens) {
@@ -329,7 +354,7 @@ std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens) {
 void write_state(const std::filesystem::path& path, train_state s) {
     std::vector<std::byte> b(sizeof state_magic);
     std::memcpy(b.data(), &state_magic, sizeof state_magic);
-    state_fields(s, [&](auto& f) {
+    state_fields(s, true, [&](auto& f) {
         const std::size_t at = b.size();
         b.resize(at + sizeof f);
         std::memcpy(b.data() + at, &f, sizeof f);
@@ -350,18 +375,20 @@ train_state parse_state(std::span<const std::byte> b, const std::filesystem::pat
                           (magic == state_magic_v1 ? "1" : "2") +
                           ", of a save made before manifests, is not read (its files cannot be "
                           "checked); start from its model.bin with --model instead");
-    if (magic != state_magic)
+    if (magic != state_magic && magic != state_magic_v3)
         throw input_error(path.string() + ": bad magic (not a mini_gpt train.state)");
-    if (b.size() != sizeof magic + state_bytes())
+    const bool v4 = magic == state_magic;
+    if (b.size() != sizeof magic + state_bytes(v4))
         throw input_error(path.string() + ": truncated state");
     train_state s;
     std::size_t at = sizeof magic;
-    state_fields(s, [&](auto& f) {
+    state_fields(s, v4, [&](auto& f) {
         std::memcpy(&f, b.data() + at, sizeof f);
         at += sizeof f;
     });
     s.has_run_shape = true;
-    s.format = 3;
+    s.has_schedule = v4;
+    s.format = v4 ? 4 : 3;
     // Every field in range, or the file is refused by name (a negative step would read the
     // corpus before its start; a loss scale of 0 would be divided by).
     auto bad = [&](const std::string& what) {
@@ -378,6 +405,13 @@ train_state parse_state(std::span<const std::byte> b, const std::filesystem::pat
         bad("good-step count " + std::to_string(s.good_steps));
     if (s.shape.grads < 0 || s.shape.grads > 2)
         bad("gradient type " + std::to_string(s.shape.grads));
+    if (v4) {
+        try {
+            spillway::validate(s.schedule);
+        } catch (const std::invalid_argument& e) {
+            bad(e.what());
+        }
+    }
     return s;
 }
 
@@ -547,8 +581,14 @@ train_state resume_checkpoint(const std::filesystem::path& resume_dir, const opt
                           std::to_string(saved.tokens) + " tokens there, " +
                           std::to_string(run.tokens) + " here" +
                           (saved.tokens == run.tokens ? ", other values" : "") + ")");
-    saved_state.has_run_shape = true;  // the next save records this run's (format 3)
+    if (saved_state.has_schedule && saved_state.schedule != state.schedule)
+        throw input_error(schedule_flags(state.schedule) + ": the save " + file +
+                          " was made with " + schedule_flags(saved_state.schedule) +
+                          "; resume with its schedule (another would not give the same steps)");
+    saved_state.has_run_shape = true;  // the next save records this run's (format 4)
     saved_state.shape = run;
+    saved_state.has_schedule = true;
+    saved_state.schedule = state.schedule;
     if (saved_state.next_step > opt.steps)
         throw input_error("--steps " + std::to_string(opt.steps) + ": the save " + dir.string() +
                           " is already at step " + std::to_string(saved_state.next_step) +

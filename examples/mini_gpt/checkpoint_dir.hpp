@@ -24,9 +24,10 @@
 // file of a save is opened by spillway::open_regular_file (a FIFO, a device or a directory in
 // its place is refused at once, never waited on). What a save is follows from its files, not
 // from a byte in one of them: a folder without save.manifest is refused whatever train.state
-// says, and train.state formats 1 and 2 (of saves made before manifests) are not read. Every
-// name or value quoted from a save's files in a message goes through spillway::quoted (control
-// bytes escaped).
+// says, and train.state formats 1 and 2 (of saves made before manifests) are not read. A save
+// is written in format 4 (format 3's fields and the learning-rate schedule); format 3 (no
+// schedule: a constant one) still resumes. Every name or value quoted from a save's files in a
+// message goes through spillway::quoted (control bytes escaped).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,7 @@
 #include "spillway/io/durable_file.hpp"
 
 #include "gpt2.hpp"
+#include "spillway/schedule/lr_schedule.hpp"
 #include "optimizer.hpp"
 #include "streamed_params.hpp"
 #include "trainer.hpp"
@@ -64,16 +66,21 @@ struct train_state {
         std::uint64_t tokens = 0;       // tokens in the data
         std::uint64_t tokens_hash = 0;  // FNV-1a of the tokens
     } shape;
-    int format = 3;  // of the train.state read: always 3 (formats 1 and 2 are refused)
+    // The learning-rate schedule the steps ran with (format 4; has_schedule false for format
+    // 3): a resume with another schedule would not give the same bits, so it is refused.
+    bool has_schedule = false;
+    spillway::lr_schedule schedule;
+    int format = 4;  // of the train.state read: 3 or 4 (formats 1 and 2 are refused)
 };
 
 /// FNV-1a (64-bit) of the tokens' bytes: tells one token stream from another (on resume, and
 /// between ranks).
 std::uint64_t tokens_hash(const std::vector<std::uint16_t>& tokens);
 
-/// Writes train.state (format 3) atomically; reads format 3. read_state throws input_error
-/// naming the file when it is truncated, of another format (1 and 2 named as such) or out of
-/// range; parse_state does the same from the bytes.
+/// Writes train.state (format 4: format 3's fields and the schedule's) atomically; reads
+/// formats 3 and 4. read_state throws input_error naming the file when it is truncated, of
+/// another format (1 and 2 named as such) or out of range; parse_state does the same from the
+/// bytes.
 void write_state(const std::filesystem::path& path, train_state s);
 train_state read_state(const std::filesystem::path& path);
 train_state parse_state(std::span<const std::byte> bytes, const std::filesystem::path& path);

@@ -308,7 +308,17 @@ void declare_flags(CLI::App& app, options& o) {
     t.integer("--batch", o.batch, 1, 1 << 20, "B", "global batch size, split over MPI ranks");
     t.integer("--seq", o.seq, 1, 1 << 20, "T", "sequence length");
     t.integer("--steps", o.steps, 0, 1 << 30, "N", "training steps");
-    t.number("--lr", o.lr, "AdamW's learning rate");
+    t.number("--lr", o.lr, "AdamW's learning rate (the peak of --lr-schedule)");
+    t.choice<spillway::lr_decay>(
+        "--lr-schedule", o.lr_schedule,
+        {{"constant", spillway::lr_decay::constant}, {"cosine", spillway::lr_decay::cosine}},
+        "the learning rate per step (0-based s, warmup W, N = --steps): lr * (s+1) / W while "
+        "s < W (linear warmup), then --lr (constant) or cosine decay from --lr at s = W to "
+        "--lr-min at s = N (llm.c's and nanoGPT's schedule); saved with --save, and a resume "
+        "must ask for the same");
+    t.integer("--warmup-steps", o.warmup_steps, 0, 1 << 30, "W",
+              "steps of linear warmup to --lr (with cosine: fewer than --steps)");
+    t.number("--lr-min", o.lr_min, "cosine's final learning rate, at most --lr");
     t.number("--beta1", o.beta1, "AdamW's beta1, below 1");
     t.number("--beta2", o.beta2, "AdamW's beta2, below 1");
     t.number("--eps", o.eps, "AdamW's epsilon, above 0");
@@ -434,6 +444,23 @@ void validate(const options& o, const std::string& shape_flag) {
     if (!(o.beta1 < 1.0f)) bad_flag("--beta1", "must be below 1, got " + std::to_string(o.beta1));
     if (!(o.beta2 < 1.0f)) bad_flag("--beta2", "must be below 1, got " + std::to_string(o.beta2));
     if (!(o.eps > 0.0f)) bad_flag("--eps", "must be above 0, got " + std::to_string(o.eps));
+    // The learning-rate schedule.
+    if (o.lr_schedule == spillway::lr_decay::constant && o.lr_min != 0.0f)
+        bad_flag("--lr-min", "needs --lr-schedule cosine (a constant schedule stays at --lr)");
+    if (o.lr_schedule == spillway::lr_decay::cosine) {
+        if (!(o.lr_min <= o.lr))
+            bad_flag("--lr-min", "must be at most --lr " + std::to_string(o.lr) + ", got " +
+                                     std::to_string(o.lr_min));
+        if (o.warmup_steps >= o.steps)
+            bad_flag("--warmup-steps",
+                     "cosine decays after the warmup until --steps " + std::to_string(o.steps) +
+                         ": give fewer warmup steps, got " + std::to_string(o.warmup_steps));
+    }
+    try {
+        spillway::validate(lr_schedule_of(o));
+    } catch (const std::invalid_argument& e) {
+        throw input_error(std::string("--lr-schedule: ") + e.what());
+    }
 }
 
 /// The shape of --init's size (one of standard_sizes, checked by its declaration).
@@ -464,6 +491,18 @@ const char* offload_name(offload_mode m) {
             return "params";
     }
     return "?";
+}
+
+spillway::lr_schedule lr_schedule_of(const options& opt) {
+    spillway::lr_schedule s;
+    s.decay = opt.lr_schedule;
+    s.lr = opt.lr;
+    s.warmup_steps = opt.warmup_steps;
+    if (opt.lr_schedule == spillway::lr_decay::cosine) {
+        s.lr_min = opt.lr_min;
+        s.total_steps = opt.steps;
+    }
+    return s;
 }
 
 std::string version_text() {

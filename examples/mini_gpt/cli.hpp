@@ -1,15 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // examples/mini_gpt/cli.hpp: what main asks of the command line besides parse_options and
 // usage_text (declared in trainer.hpp): whether the arguments only ask for --help or
-// --version. The flags are declared once, in cli.cpp, and parsed with CLI11 there; nothing
-// outside cli.cpp includes CLI11.
+// --version, and the learning-rate schedule they ask for. The flags are declared once, in cli.cpp,
+// and parsed with CLI11 there; nothing outside cli.cpp includes CLI11.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "spillway/schedule/lr_schedule.hpp"
+
 namespace mini_gpt {
+
+struct options;
+
+/// The learning-rate schedule the flags ask for: --lr-schedule, --lr, --lr-min,
+/// --warmup-steps, and --steps as cosine's horizon (constant's lr_min and total_steps are 0,
+/// so a constant schedule does not depend on --steps). parse_options has validated it.
+spillway::lr_schedule lr_schedule_of(const options& opt);
 
 /// The version line --version prints: "mini_gpt (Spillway X.Y.Z)\n".
 std::string version_text();

@@ -132,17 +132,19 @@ public:
         args.grad_scale = grad_scale;
         return pipe_->hand_over_gradients(std::get<std::span<const Grad>>(grads), args);
     }
-    void step(std::int64_t t, float grad_scale, const grad_span& grads,
-              std::span<float> params) override {
+    void step(std::int64_t t, const spillway::step_hparams& h, float grad_scale,
+              const grad_span& grads, std::span<float> params) override {
         spillway::update_args args;
         args.grad_scale = grad_scale;
+        args.hparams = h;
         run_step(t, std::get<std::span<const Grad>>(grads), params, args);
     }
     [[nodiscard]] bool next_step_under_backward() const override {
         return std::is_same_v<Grad, float> &&
                pipe_->next_order().walk() == spillway::direction::descending;
     }
-    void step_under_backward(std::int64_t t, std::span<const float> grads, std::span<float> params,
+    void step_under_backward(std::int64_t t, const spillway::step_hparams& h,
+                             std::span<const float> grads, std::span<float> params,
                              spillway::gradient_gate gate) override {
         if constexpr (std::is_same_v<Grad, float>) {
             if (!next_step_under_backward())
@@ -150,9 +152,10 @@ public:
                                        " walks upwards: not under backward");
             spillway::update_args args;
             args.gradients_final = std::move(gate);
+            args.hparams = h;
             run_step(t, grads, params, args);
         } else {
-            optimizer::step_under_backward(t, grads, params, std::move(gate));
+            optimizer::step_under_backward(t, h, grads, params, std::move(gate));
         }
     }
     void run_step(std::int64_t t, std::span<const Grad> grads, std::span<float> params,

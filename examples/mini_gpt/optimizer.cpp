@@ -84,10 +84,10 @@ public:
         return std::visit(
             [&](auto g) { return spillway::grad_sum_squares(g, grad_scale, s_.pool); }, grads);
     }
-    void step(std::int64_t t, float grad_scale, const grad_span& grads,
-              std::span<float> params) override {
-        spillway::adamw_config cfg{s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps,
-                                   s_.adam.weight_decay};
+    void step(std::int64_t t, const spillway::step_hparams& h, float grad_scale,
+              const grad_span& grads, std::span<float> params) override {
+        const spillway::adamw_config cfg = spillway::with_step(
+            {s_.adam.lr, s_.adam.beta1, s_.adam.beta2, s_.adam.eps, s_.adam.weight_decay}, h);
         spillway::adamw_step_args args;
         args.step = t;
         args.grad_scale = grad_scale;

@@ -21,6 +21,7 @@
 #include "gpt2.hpp"
 #include "spillway/human_bytes.hpp"
 #include "spillway/optim/half.hpp"
+#include "spillway/optim/step_hparams.hpp"
 #include "spillway/optim/update_pipeline.hpp"
 #include "spillway/trace/recorder.hpp"
 
@@ -38,6 +39,8 @@ using spillway::human_bytes;
 using grad_span = std::variant<std::span<const float>, std::span<const spillway::bfloat16>,
                                std::span<const spillway::float16>>;
 
+/// AdamW's settings from the flags; lr and weight_decay are the defaults a step's
+/// spillway::step_hparams replaces (the schedule's values).
 struct adam_hparams {
     float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
 };
@@ -73,9 +76,10 @@ public:
     /// every gradient once, before any subgroup is updated, so a skipped step changes
     /// nothing; step() with the same span and scale does not read them for the check again.
     virtual double check(float grad_scale, const grad_span& grads) = 0;
-    /// AdamW step t (1-based) with gradients scaled by grad_scale; writes the updated params.
-    virtual void step(std::int64_t t, float grad_scale, const grad_span& grads,
-                      std::span<float> params) = 0;
+    /// AdamW step t (1-based) with this step's lr and weight decay `h` (the schedule's) and
+    /// gradients scaled by grad_scale; writes the updated params.
+    virtual void step(std::int64_t t, const spillway::step_hparams& h, float grad_scale,
+                      const grad_span& grads, std::span<float> params) = 0;
     /// Starts reading the state the next step() needs, so that the reads overlap the forward
     /// and backward passes that come first (they need no gradients). Results do not change.
     virtual void prefetch() {}
@@ -99,9 +103,10 @@ public:
     /// until they are final. It checks each subgroup's gradients as it takes them, so it
     /// cannot skip an overflow: an inf or NaN gradient throws spillway::gradient_overflow_error
     /// with part of the parameters updated. Only when next_step_under_backward().
-    virtual void step_under_backward(std::int64_t t, std::span<const float> grads,
-                                     std::span<float> params, spillway::gradient_gate gate) {
-        (void)t, (void)grads, (void)params, (void)gate;
+    virtual void step_under_backward(std::int64_t t, const spillway::step_hparams& h,
+                                     std::span<const float> grads, std::span<float> params,
+                                     spillway::gradient_gate gate) {
+        (void)t, (void)h, (void)grads, (void)params, (void)gate;
         throw std::logic_error("optimizer: this back end cannot step under backward");
     }
     /// Saves the moments (and whatever else it needs) into `dir` (files fsynced).

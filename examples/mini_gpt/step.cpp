@@ -2,6 +2,8 @@
 // examples/mini_gpt/step.cpp: one training step, and where its AdamW update runs (step.hpp).
 #include "step.hpp"
 
+#include "cli.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -150,6 +152,7 @@ private:
 
 step_runner::step_runner(parts p)
     : p_(std::move(p)),
+      schedule_(lr_schedule_of(p_.opt)),
       shard_{p_.shards[static_cast<std::size_t>(dist::rank())],
              p_.shards[static_cast<std::size_t>(dist::rank()) + 1]},
       deferred_(std::make_unique<deferred_update>()) {
@@ -161,6 +164,10 @@ step_runner::step_runner(parts p)
 }
 
 step_runner::~step_runner() = default;
+
+spillway::step_hparams step_runner::hparams_at(std::int64_t step) const noexcept {
+    return {spillway::learning_rate(schedule_, step), p_.opt.weight_decay};
+}
 
 namespace {
 
@@ -203,7 +210,7 @@ step_result step_runner::train_step_streamed(std::int64_t step, train_state& sta
     p_.store.reset_peak();
     auto tf = clock_type::now();
     const float local_loss = model.forward(inputs_.data(), targets_.data(), rows, T, p_.store);
-    sp.begin_step(state.adam_steps + 1, state.loss_scale);
+    sp.begin_step(state.adam_steps + 1, state.loss_scale, hparams_at(step));
     auto tb = clock_type::now();
     model.backward(state.loss_scale * static_cast<float>(rows) / static_cast<float>(B), p_.store);
     auto tu = clock_type::now();
@@ -286,9 +293,9 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
                        optim.next_step_under_backward();
     backward_progress progress;
     if (r.under_backward) {
-        deferred.start([o = &optim, t = state.adam_steps + 1,
+        deferred.start([o = &optim, t = state.adam_steps + 1, h = hparams_at(step),
                         grads = std::span<const float>(model.grads()), params = model.params(),
-                        g = progress.gate()] { o->step_under_backward(t, grads, params, g); });
+                        g = progress.gate()] { o->step_under_backward(t, h, grads, params, g); });
         ++steps_under_backward_;
     }
     auto tb = clock_type::now();
@@ -358,8 +365,8 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
                 auto [u0, u1] = deferred.finish();
                 if (recorder)
                     recorder->complete(
-                        track_, "optimizer step (under backward " + std::to_string(step + 1) + ")", u0,
-                        u1);
+                        track_, "optimizer step (under backward " + std::to_string(step + 1) + ")",
+                        u0, u1);
             } catch (const spillway::gradient_overflow_error& e) {
                 throw std::runtime_error(
                     "step " + std::to_string(step + 1) + ": " + e.what() +
@@ -367,13 +374,14 @@ step_result step_runner::train_step(std::int64_t step, train_state& state) {
                     "overflow skips the step)");
             }
         } else if (r.deferred) {
-            deferred.start([o = &optim, t = state.adam_steps, scale = state.loss_scale, mine,
+            deferred.start([o = &optim, t = state.adam_steps, h = hparams_at(step),
+                            scale = state.loss_scale, mine,
                             params = model.params().subspan(lo, hi - lo)] {
-                o->step(t, scale, mine, params);
+                o->step(t, h, scale, mine, params);
             });
             ++steps_deferred_;
         } else {
-            optim.step(state.adam_steps, state.loss_scale, mine,
+            optim.step(state.adam_steps, hparams_at(step), state.loss_scale, mine,
                        model.params().subspan(lo, hi - lo));
             r.io_wait_ms += optim.last_io_wait_ms();
         }

@@ -29,6 +29,8 @@
 #include "gpt2.hpp"
 #include "optimizer.hpp"
 #include "streamed_params.hpp"
+#include "spillway/optim/step_hparams.hpp"
+#include "spillway/schedule/lr_schedule.hpp"
 #include "spillway/schedule/shard_range.hpp"
 #include "spillway/trace/recorder.hpp"
 #include "trainer.hpp"
@@ -88,8 +90,11 @@ private:
     /// (fp32, bf16), or, with fp16 and its loss scale, checked in backward and updated in the
     /// next forward once every rank's verdict is in (an overflow skips the step as here).
     step_result train_step_streamed(std::int64_t step, train_state& state);
+    /// Step `step`'s (0-based) lr and weight decay: the schedule's lr, --wd.
+    [[nodiscard]] spillway::step_hparams hparams_at(std::int64_t step) const noexcept;
     parts p_;
-    spillway::index_range shard_;  // this rank's parameters
+    spillway::lr_schedule schedule_;  // --lr-schedule's (cli.hpp: lr_schedule_of)
+    spillway::index_range shard_;     // this rank's parameters
     std::unique_ptr<deferred_update> deferred_;
     std::vector<spillway::bfloat16> grads_bf16_;
     std::vector<spillway::float16> grads_fp16_;

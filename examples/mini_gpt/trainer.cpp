@@ -26,6 +26,7 @@
 
 #include "blas_kernels.hpp"
 #include "checkpoint_dir.hpp"
+#include "cli.hpp"
 #include "corpus.hpp"
 #include "dist.hpp"
 #include "gpt2.hpp"
@@ -206,14 +207,17 @@ void check_same_run(const options& opt, const train_state& state,
     settings << opt.steps << ' ' << state.next_step << ' ' << opt.batch << ' ' << opt.seq << ' '
              << tokens.size() << ' ' << data_hash << ' ' << nparams << ' '
              << static_cast<int>(opt.grads) << ' ' << static_cast<int>(opt.offload) << ' ' << opt.lr
-             << ' ' << opt.beta1 << ' ' << opt.beta2 << ' ' << opt.eps << ' ' << opt.weight_decay
-             << ' ' << opt.subgroup << ' ' << opt.buffers << ' ' << opt.ascending_order << ' '
-             << opt.save_dir.empty() << ' ' << opt.save_every << ' ' << opt.save_model.empty();
+             << ' ' << static_cast<int>(opt.lr_schedule) << ' ' << opt.lr_min << ' '
+             << opt.warmup_steps << ' ' << opt.beta1 << ' ' << opt.beta2 << ' ' << opt.eps << ' '
+             << opt.weight_decay << ' ' << opt.subgroup << ' ' << opt.buffers << ' '
+             << opt.ascending_order << ' ' << opt.save_dir.empty() << ' ' << opt.save_every << ' '
+             << opt.save_model.empty();
     if (!dist::same_everywhere(spillway::fnv1a_64(settings.str())))
         throw input_error(
             "mpirun: the ranks were not given the same run (steps, start step, batch, sequence, "
             "data, "
-            "model, gradient type, offload mode, AdamW settings, subgroups, buffers, order or "
+            "model, gradient type, offload mode, AdamW settings or schedule, subgroups, buffers, "
+            "order or "
             "saves differ); give every rank the same flags and files");
 }
 
@@ -496,6 +500,8 @@ std::vector<float> train(const options& opt, std::ostream& rank0_out, run_report
     if (!opt.resume_dir.empty() || !opt.save_dir.empty()) {  // what a save records of the run
         state.has_run_shape = true;
         state.shape = {static_cast<std::int32_t>(opt.grads), B, T, tokens.size(), data_hash};
+        state.has_schedule = true;
+        state.schedule = lr_schedule_of(opt);
     }
     if (!opt.resume_dir.empty())
         state = resume_checkpoint(opt.resume_dir, opt, data_name, model, *optim, shard, state,

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "optimizer.hpp"
+#include "spillway/schedule/lr_schedule.hpp"
 
 namespace mini_gpt {
 
@@ -43,7 +44,10 @@ struct options {
     int batch = 16;               // --batch B (global batch, split over MPI ranks)
     int seq = 64;                 // --seq T
     int steps = 400;              // --steps N
-    float lr = 1e-4f;             // --lr
+    float lr = 1e-4f;             // --lr (the peak of a schedule)
+    spillway::lr_decay lr_schedule = spillway::lr_decay::constant;  // --lr-schedule
+    std::int64_t warmup_steps = 0;  // --warmup-steps N: linear warmup to --lr
+    float lr_min = 0.0f;            // --lr-min X: cosine's final rate
     float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f,
           weight_decay = 0.0f;                  // --beta1 --beta2 --eps --wd
     std::uint64_t seed = 1337;                  // --seed

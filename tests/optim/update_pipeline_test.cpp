@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <spillway/optim/update_pipeline.hpp>
+#include <spillway/schedule/lr_schedule.hpp>
 #include <spillway/tier/faulty_tier.hpp>
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
@@ -1875,6 +1876,14 @@ TEST_CASE(
 
 namespace {
 
+/// The config of the per-step tests: test_adam() over params_total parameters.
+pipeline_config scheduled_config(std::size_t host_buffers) {
+    return {.param_count = params_total,
+            .subgroup_size = subgroup,
+            .host_buffers = host_buffers,
+            .adam = test_adam()};
+}
+
 /// The learning rate and weight decay of 0-based step k: a warmup then a decay, and a weight
 /// decay that changes too, so that every step runs with its own values.
 step_hparams varying_hparams(int k) {
@@ -1903,10 +1912,7 @@ void run_scheduled(Tier& tier, gradient_path path, std::size_t buffers, const ch
     CAPTURE(static_cast<int>(path));
     CAPTURE(buffers);
     auto init = make_params(params_total, 17);
-    pipeline_config cfg{.param_count = params_total,
-                        .subgroup_size = subgroup,
-                        .host_buffers = buffers,
-                        .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(buffers);
     pipeline_options opt;
     opt.gradients = path;
     update_pipeline<Tier, Grad, float> pipe(tier, cfg, init, opt);
@@ -1954,8 +1960,7 @@ TEST_CASE("lr and weight decay per call: bit-identical to adamw_step with the sa
 TEST_CASE("lr per call: the config's values are the default, bad values are refused up front") {
     host_tier tier;
     auto init = make_params(params_total, 5);
-    pipeline_config cfg{
-        .param_count = params_total, .subgroup_size = subgroup, .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(3);
     update_pipeline<host_tier, float, float> a(tier, cfg, init, {.key_prefix = "a"});
     update_pipeline<host_tier, float, float> b(tier, cfg, init, {.key_prefix = "b"});
     std::vector<float> pa(params_total), pb(params_total);
@@ -2007,10 +2012,7 @@ TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run,
     test::temp_dir dir("pipe-resume-steps");
     file_tier<> tier(dir.path());
     auto init = make_params(params_total, 23);
-    pipeline_config cfg{.param_count = params_total,
-                        .subgroup_size = subgroup,
-                        .host_buffers = 5,
-                        .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(5);
     using pipe_t = update_pipeline<file_tier<>, float16, float>;
     std::vector<float> whole_copy(params_total);
     pipe_t whole(tier, cfg, init, {.key_prefix = "whole"});
@@ -2036,14 +2038,16 @@ TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run,
     }
     REQUIRE(saved_steps == 4);
     auto resume = [&](std::int64_t steps, const char* prefix) {
+        // [resume-own-checkpoint-begin]
+        // Built from the checkpoint's params; then each subgroup's m and v, and the step count.
         auto p = std::make_unique<pipe_t>(tier, cfg, saved_params,
                                           pipeline_options{.key_prefix = prefix});
+        std::span<const float> params(saved_params);
         for (std::size_t s = 0; s < p->subgroup_count(); ++s)
-            p->write_state(
-                s,
-                std::span<const float>(saved_params).subspan(s * subgroup, p->subgroup_elements(s)),
-                saved_m[s], saved_v[s]);
-        p->set_steps(steps);
+            p->write_state(s, params.subspan(s * subgroup, p->subgroup_elements(s)), saved_m[s],
+                           saved_v[s]);
+        p->set_steps(steps);  // the next update applies step steps + 1
+        // [resume-own-checkpoint-end]
         return p;
     };
     {
@@ -2067,10 +2071,7 @@ TEST_CASE("a resume with write_state and set_steps equals the uninterrupted run,
 TEST_CASE("write_state over resident and prefetched subgroups, then set_steps: the same bits") {
     host_tier tier;
     auto init = make_params(params_total, 29);
-    pipeline_config cfg{.param_count = params_total,
-                        .subgroup_size = subgroup,
-                        .host_buffers = 6,
-                        .adam = test_adam()};
+    const pipeline_config cfg = scheduled_config(6);
     using pipe_t = update_pipeline<host_tier, float16, float>;
     std::vector<float> ca(params_total), cb(params_total);
     pipe_t a(tier, cfg, init, {.key_prefix = "a"});
@@ -2104,4 +2105,33 @@ TEST_CASE("write_state over resident and prefetched subgroups, then set_steps: t
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(b.write_state(99, {}, {}, {}),
                          doctest::Contains("subgroup 99 out of range"), std::invalid_argument);
+}
+
+TEST_CASE("a cosine schedule through update_args::hparams equals adamw_step at each step's lr") {
+    test::temp_dir dir("pipe-schedule");
+    file_tier<> tier(dir.path());
+    auto init = make_params(params_total, 31);
+    const pipeline_config cfg = scheduled_config(3);
+    update_pipeline<file_tier<>, bfloat16, float> pipe(tier, cfg, init);
+    std::vector<float> copy(params_total), p = init, m(params_total, 0.0f), v(params_total, 0.0f);
+    std::vector<float> lrs;
+    // [schedule-per-step-begin]
+    const lr_schedule schedule{.decay = lr_decay::cosine,
+                               .lr = 6e-4f,
+                               .lr_min = 6e-5f,
+                               .warmup_steps = 2,
+                               .total_steps = 8};
+    validate(schedule);
+    for (std::int64_t k = 0; k < 8; ++k) {  // k: the 0-based step
+        const auto grads = make_grads<bfloat16>(params_total, 700 + k, 1.0f);
+        const step_hparams h{.lr = learning_rate(schedule, k), .weight_decay = 0.1f};
+        pipe.update(grads, copy, update_args{.hparams = h});
+        // [schedule-per-step-end]
+        lrs.push_back(h.lr);
+        adamw_step<bfloat16>(with_step(test_adam(), h), adamw_step_args{.step = k + 1}, p, m, v,
+                             std::span<const bfloat16>(grads));
+        CHECK_MESSAGE(bits_equal(copy, p), "step " << k);
+    }
+    CHECK(lrs[1] == 6e-4f);  // the end of the warmup
+    CHECK(lrs[7] < lrs[2]);  // decaying
 }

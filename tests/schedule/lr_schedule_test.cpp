@@ -28,6 +28,15 @@ long double reference(const lr_schedule& s, std::int64_t step) {
     return lr_min + 0.5L * (1.0L + std::cos(pi * ratio)) * (lr - lr_min);
 }
 
+// A cosine schedule from lr to lr_min over [warmup, total).
+lr_schedule cosine(float lr, float lr_min, std::int64_t warmup, std::int64_t total) {
+    return {.decay = lr_decay::cosine,
+            .lr = lr,
+            .lr_min = lr_min,
+            .warmup_steps = warmup,
+            .total_steps = total};
+}
+
 // |got - want| is at most one ulp of float at want.
 bool within_one_ulp(float got, long double want) {
     const float w = static_cast<float>(want);
@@ -47,11 +56,7 @@ TEST_CASE("constant: the peak lr at every step, after an optional linear warmup"
 }
 
 TEST_CASE("cosine: warmup, then the cosine from lr to lr_min over [warmup, total)") {
-    const lr_schedule s{.decay = lr_decay::cosine,
-                        .lr = 6e-4f,
-                        .lr_min = 6e-5f,
-                        .warmup_steps = 10,
-                        .total_steps = 110};
+    const lr_schedule s = cosine(6e-4f, 6e-5f, 10, 110);
     REQUIRE_NOTHROW(validate(s));
     CHECK(learning_rate(s, 9) == 6e-4f);   // end of the warmup
     CHECK(learning_rate(s, 10) == 6e-4f);  // cos(0) = 1
@@ -77,11 +82,7 @@ TEST_CASE("cosine: warmup, then the cosine from lr to lr_min over [warmup, total
 TEST_CASE("the reference agrees over long runs and many shapes") {
     for (std::int64_t warmup : {0, 1, 700}) {
         for (std::int64_t total : {warmup + 1, warmup + 3, std::int64_t{19073}}) {
-            const lr_schedule s{.decay = lr_decay::cosine,
-                                .lr = 1.5e-3f,
-                                .lr_min = 0.0f,
-                                .warmup_steps = warmup,
-                                .total_steps = total};
+            const lr_schedule s = cosine(1.5e-3f, 0.0f, warmup, total);
             REQUIRE_NOTHROW(validate(s));
             for (std::int64_t t = 0; t <= total + 2; t += 1 + total / 997) {
                 INFO("warmup " << warmup << " total " << total << " step " << t);
@@ -92,11 +93,7 @@ TEST_CASE("the reference agrees over long runs and many shapes") {
 }
 
 TEST_CASE("a pure function of the step: the same bits whatever was asked before") {
-    const lr_schedule s{.decay = lr_decay::cosine,
-                        .lr = 3e-4f,
-                        .lr_min = 1e-5f,
-                        .warmup_steps = 5,
-                        .total_steps = 40};
+    const lr_schedule s = cosine(3e-4f, 1e-5f, 5, 40);
     float forward[40];
     for (int t = 0; t < 40; ++t) forward[t] = learning_rate(s, t);
     for (int t = 39; t >= 0; --t) CHECK(learning_rate(s, t) == forward[t]);

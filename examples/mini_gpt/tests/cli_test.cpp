@@ -305,6 +305,77 @@ TEST_CASE(
     check_killed_and_resumed({"--offload", "params"});
 }
 
+TEST_CASE("--lr-schedule cosine: killed and resumed, the uninterrupted losses") {
+    check_killed_and_resumed(
+        {"--offload", "all", "--lr-schedule", "cosine", "--warmup-steps", "3", "--lr-min", "1e-5"});
+}
+
+TEST_CASE(
+    "--offload params with --lr-schedule cosine and fp16: killed and resumed, the uninterrupted "
+    "losses") {
+    // fp16's update is deferred to the next forward: it must keep its own step's lr.
+    check_killed_and_resumed({"--offload", "params", "--grad-dtype", "fp16", "--lr-schedule",
+                              "cosine", "--warmup-steps", "2", "--lr-min", "1e-4"});
+}
+
+TEST_CASE(
+    "--lr-schedule: the same losses in every --offload mode, other losses than constant, a resume "
+    "with another schedule refused, bad flags refused") {
+    spillway::test::temp_dir dir("mini_gpt_cli");
+    const auto d = dir.path();
+    const std::vector<std::string> cosine = {"--lr-schedule", "cosine", "--warmup-steps", "2",
+                                             "--lr-min",      "1e-4"};
+    auto losses = [&](const std::vector<std::string>& extra) {
+        auto r = run(
+            d, tiny_args() + extra +
+                   std::vector<std::string>{"--steps", "6", "--json", "--path", (d / "p").string(),
+                                            "--lock-dir", (d / "locks").string()});
+        REQUIRE(r.status == 0);
+        return json_losses(r.out);
+    };
+    const auto want = losses(cosine);
+    REQUIRE(want.size() == 6);
+    for (const char* mode : {"optimizer", "params"}) {
+        CAPTURE(mode);
+        CHECK(losses(cosine + std::vector<std::string>{"--offload", mode}) == want);
+    }
+    // The fp16 path defers its update to the next forward; the in-memory and the streamed runs
+    // agree with the schedule too.
+    const auto fp16 = cosine + std::vector<std::string>{"--grad-dtype", "fp16"};
+    CHECK(losses(fp16 + std::vector<std::string>{"--offload", "params"}) == losses(fp16));
+    const auto constant = losses({});
+    CHECK(constant[0] == want[0]);          // the same first forward
+    CHECK(constant.back() != want.back());  // the schedule reached the updates
+
+    // A save made with one schedule resumes only with it.
+    const auto saves = d / "s";
+    REQUIRE(run(d, tiny_args() + cosine +
+                       std::vector<std::string>{"--steps", "6", "--save", saves.string(),
+                                                "--save-every", "3"})
+                .status == 0);
+    auto resume = [&](const std::vector<std::string>& extra) {
+        return run(d, tiny_args() + extra +
+                          std::vector<std::string>{"--steps", "6", "--resume", saves.string()});
+    };
+    expect_refused(resume({}), {"--lr-schedule constant --lr 0.001 --warmup-steps 0",
+                                "was made with --lr-schedule cosine --lr 0.001 --lr-min 1e-04 "
+                                "--warmup-steps 2 --steps 6"});
+    expect_refused(resume({"--lr-schedule", "cosine", "--warmup-steps", "2", "--lr-min", "2e-4"}),
+                   {"--lr-min 2e-04", "resume with its schedule"});
+    expect_refused(run(d, tiny_args() + cosine +
+                              std::vector<std::string>{"--steps", "8", "--resume", saves.string()}),
+                   {"--steps 8", "--steps 6"});
+
+    // Bad flags, before training.
+    expect_refused(run(d, {"--lr-schedule", "linear"}), {"--lr-schedule", "linear"});
+    expect_refused(run(d, {"--lr-min", "1e-5"}), {"--lr-min", "needs --lr-schedule cosine"});
+    expect_refused(run(d, {"--lr-schedule", "cosine", "--lr", "1e-4", "--lr-min", "1e-3"}),
+                   {"--lr-min", "at most --lr"});
+    expect_refused(run(d, {"--lr-schedule", "cosine", "--steps", "5", "--warmup-steps", "5"}),
+                   {"--warmup-steps", "fewer warmup steps"});
+    expect_refused(run(d, {"--warmup-steps", "-1"}), {"--warmup-steps"});
+}
+
 TEST_CASE(
     "every file of a save is covered by a CRC-32C in save.manifest; a damaged one is refused by "
     "name") {
@@ -369,7 +440,7 @@ TEST_CASE(
         expect_refused(run(d, resume),
                        {(save / shard_file).string(), "missing", "save.manifest lists it"});
         write_bytes(save / shard_file, shard);
-        // A save written with a manifest (train.state format 3) that lost it is refused, not
+        // A save written with a manifest (train.state format 4) that lost it is refused, not
         // resumed unchecked.
         const auto manifest = read_file(save / "save.manifest");
         std::filesystem::remove(save / "save.manifest");
@@ -659,7 +730,8 @@ std::string fields(const options& o) {
       << o.update_under_backward << ' ' << o.ascending_order << ' ' << o.save_dir << ' '
       << o.save_every << ' ' << o.resume_dir << ' ' << o.json << ' ' << o.quiet << ' ' << o.trace
       << ' ' << o.layers << ' ' << o.channels << ' ' << o.heads << ' ' << o.vocab << ' '
-      << o.max_seq << ' ' << o.corpus_bytes << " paths";
+      << o.max_seq << ' ' << o.corpus_bytes << ' ' << static_cast<int>(o.lr_schedule) << ' '
+      << o.warmup_steps << ' ' << o.lr_min << " paths";
     for (const auto& p : o.paths) s << ' ' << p;
     return s.str();
 }
@@ -685,6 +757,9 @@ TEST_CASE("every flag: --flag value and --flag=value give the same options, and 
         {"--seq", "32", {}},
         {"--steps", "7", {}},
         {"--lr", "1e-3", {}},
+        {"--lr-schedule", "cosine", {}},
+        {"--warmup-steps", "3", {}},
+        {"--lr-min", "1e-5", {"--lr-schedule", "cosine"}},
         {"--beta1", "0.8", {}},
         {"--beta2", "0.99", {}},
         {"--eps", "1e-6", {}},

@@ -64,8 +64,8 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <string>
 
@@ -117,10 +117,11 @@ inline uring_probe_result probe_uring_uncached() {
 #else
     if (const char* env = std::getenv("SPILLWAY_DISABLE_IO_URING"); env && *env && std::string(env) != "0")
         return {false, "disabled by the environment (SPILLWAY_DISABLE_IO_URING=" + std::string(env) + ")"};
-    {
-        std::ifstream f("/proc/sys/kernel/io_uring_disabled");
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "re")) {
         int v = 0;
-        if (f >> v && v == 2) return {false, "disabled by the kernel (kernel.io_uring_disabled=2)"};
+        const bool read = std::fscanf(f, "%d", &v) == 1;
+        std::fclose(f);
+        if (read && v == 2) return {false, "disabled by the kernel (kernel.io_uring_disabled=2)"};
     }
     io_uring ring;
     int ret = io_uring_queue_init(4, &ring, 0);

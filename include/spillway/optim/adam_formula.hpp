@@ -21,7 +21,22 @@
 //   operations lane by lane, so every path, and CUDA code compiled without fast-math, gives
 //   bit-identical results.
 // - make_adamw_coefficients computes the per-step constants in double and rounds each
-//   once to float (as PyTorch computes them in Python floats).
+//   once to float (as PyTorch computes them in Python floats): the bias corrections
+//   bias1 = 1 - beta1^t and bias2 = 1 - beta2^t (pow in double), then
+//     neg_step_size  = float(-lr / bias1)
+//     inv_sqrt_bias2 = float(1 / sqrt(bias2))
+//     decay          = float(1 - lr * weight_decay)
+//     grad_mul       = float(clip_coef / grad_scale)
+//   lr and weight_decay are the step's own (step_hparams: a schedule may change them every
+//   step); t is the 1-based step number (update_pipeline::set_steps sets it on a resume).
+// - A trainer's own AdamW gives other last bits. llm.c's, for example, computes
+//   m_hat = m / (1 - powf(beta1, t)) and v_hat = v / (1 - powf(beta2, t)) in float for each
+//   element, then p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p): the bias
+//   corrections rounded in float, divided per element instead of folded into two
+//   constants, the decay applied after the moments, and no fused multiply-adds. The math is
+//   the same AdamW; the rounding is not, so the parameters drift apart in the last bits
+//   after one step. To compare a run with its offloaded version, switch the in-memory run
+//   to adamw_step first (docs/integration.md, "Migrating from your own AdamW").
 // - Everything is SPILLWAY_HOST_DEVICE: usable from CUDA kernels and Thrust functors.
 #pragma once
 
@@ -46,14 +61,16 @@ struct adamw_coefficients {
 };
 
 /// The constants for step t (>= 1); arguments are not validated here (adam.hpp does that).
-SPILLWAY_HOST_DEVICE adamw_coefficients make_adamw_coefficients(float lr, float beta1, float beta2, float eps,
-                                                                float weight_decay, std::int64_t step,
-                                                                float grad_scale, float clip_coef) noexcept {
+SPILLWAY_HOST_DEVICE adamw_coefficients make_adamw_coefficients(float lr, float beta1, float beta2,
+                                                                float eps, float weight_decay,
+                                                                std::int64_t step, float grad_scale,
+                                                                float clip_coef) noexcept {
     double t = static_cast<double>(step);
     double bias1 = 1.0 - pow(static_cast<double>(beta1), t);
     double bias2 = 1.0 - pow(static_cast<double>(beta2), t);
     adamw_coefficients c{};
-    c.grad_mul = static_cast<float>(static_cast<double>(clip_coef) / static_cast<double>(grad_scale));
+    c.grad_mul =
+        static_cast<float>(static_cast<double>(clip_coef) / static_cast<double>(grad_scale));
     c.decay = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(weight_decay));
     c.beta1 = beta1;
     c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(beta1));

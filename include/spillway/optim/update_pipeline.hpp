@@ -291,12 +291,7 @@ public:
         expect_argument(completed >= 0,
                         "update_pipeline::set_steps: completed steps must be >= 0, got " +
                             std::to_string(completed));
-        for (std::size_t s = 0; s < n_; ++s)
-            if (bufs_.version_of(s) != steps_)
-                throw std::logic_error("update_pipeline::set_steps: subgroup " + std::to_string(s) +
-                                       " holds step " + std::to_string(bufs_.version_of(s)) +
-                                       " but the pipeline is at step " + std::to_string(steps_) +
-                                       " (a failed update: call update() again first)");
+        bufs_.expect_all_at(steps_, "update_pipeline::set_steps");
         bufs_.relabel_step(completed);
         steps_ = completed;
         handover_ = check_record{};  // a hand-over names the step it was for

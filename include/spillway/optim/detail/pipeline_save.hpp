@@ -56,12 +56,7 @@ void save_state(const std::filesystem::path& dir_given, const pipeline_config& c
     fs::path dir = dir_given.lexically_normal();
     if (!dir.has_filename() && dir.has_parent_path() && dir != dir.root_path())
         dir = dir.parent_path();
-    for (std::size_t s = 0; s < n; ++s)
-        if (bufs.version_of(s) != step)
-            throw std::logic_error("update_pipeline::save: subgroup " + std::to_string(s) +
-                                   " holds step " + std::to_string(bufs.version_of(s)) +
-                                   " but the pipeline is at step " + std::to_string(step) +
-                                   " (an update failed part-way; run it again first)");
+    bufs.expect_all_at(step, "update_pipeline::save");
     std::error_code ec;
     if (fs::exists(dir, ec)) {
         expect_argument(fs::is_directory(dir, ec),

@@ -168,6 +168,17 @@ public:
     /// After a restore: the tier holds `step` for every subgroup.
     void set_tier_step(std::int64_t step) { tier_version_.assign(n_, step); }
 
+    /// Throws std::logic_error naming `call` and the first subgroup whose newest state is
+    /// not at `step` (an update that failed part-way leaves subgroups one step apart).
+    void expect_all_at(std::int64_t step, const char* call) const {
+        for (std::size_t s = 0; s < n_; ++s)
+            if (version_of(s) != step)
+                throw std::logic_error(std::string(call) + ": subgroup " + std::to_string(s) +
+                                       " holds step " + std::to_string(version_of(s)) +
+                                       " but the pipeline is at step " + std::to_string(step) +
+                                       " (an update failed part-way; run it again first)");
+    }
+
     /// Every copy of every subgroup (the tier's, each buffer's, a write in flight's) is
     /// labelled as holding step `step`; the caller checked that they all held one step.
     void relabel_step(std::int64_t step) {
