@@ -31,11 +31,28 @@
 // - Rewrite and erase protocol (stream order makes it safe without waiting):
 //   1. allocate the new blob and enqueue the host-to-device copy on the tier's stream;
 //   2. swap the new blob into the index at once, so later reads enqueue after the copy;
-//   3. enqueue cudaFreeAsync of the old blob: it runs after every read already enqueued.
+//   3. free the old blob (free_blob): for each reader stream registered on it by
+//      device_pointer(key, reader), record an event on that stream and make the tier's
+//      stream wait for it; then enqueue cudaFreeAsync on the tier's stream. The free thus
+//      runs after every read already enqueued on the tier's stream and after all work the
+//      readers enqueued before the rewrite or erase call. Without that wait the pool hands
+//      the range to the next allocation on the tier's stream at once, and the next write's
+//      copy would overwrite bytes a kernel on another stream still reads.
+// - Readers on other streams (device_pointer): a kernel that reads a blob in place runs on
+//   a stream of the tier's device, ordered after the tier's stream (an event recorded on
+//   stream()), and passes that stream to device_pointer(key, reader) before it enqueues
+//   the kernel. The blob's memory then outlives every piece of work enqueued on `reader`
+//   before the key is rewritten or erased, or the tier destroyed. The one-argument
+//   device_pointer(key) registers no reader: its caller finishes with the blob (e.g.
+//   synchronises) before the key is rewritten or erased.
+// - A completion that cannot be enqueued (cudaStreamAddCallback fails after the copy was
+//   enqueued) is reported only once the tier's stream has drained: the copy no longer
+//   reads or writes the caller's buffer when the failure reaches the caller.
 // - Destruction synchronises the stream (every callback has then run), frees every
 //   blob and destroys the stream. Requires the CUDA runtime; the device must outlive it.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <exception>
@@ -46,6 +63,7 @@
 #include <string>
 #include <system_error>
 #include <unordered_map>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -71,7 +89,8 @@ class device_guard {
 public:
     explicit device_guard(int device) {
         check_cuda(cudaGetDevice(&previous_), "cudaGetDevice", "device_guard");
-        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice", "device " + std::to_string(device));
+        if (previous_ != device)
+            check_cuda(cudaSetDevice(device), "cudaSetDevice", "device " + std::to_string(device));
     }
     device_guard(const device_guard&) = delete;
     device_guard& operator=(const device_guard&) = delete;
@@ -86,7 +105,8 @@ private:
 class device_tier {
 public:
     /// Not persistent, no O_DIRECT, blobs not host-accessible.
-    static constexpr tier_properties properties{.persistent = false, .direct_io = false, .host_accessible = false};
+    static constexpr tier_properties properties{
+        .persistent = false, .direct_io = false, .host_accessible = false};
 
     /// Creates the tier's stream on options.device. Throws std::system_error (cuda_category())
     /// when the device cannot be used.
@@ -94,7 +114,8 @@ public:
         : device_(options.device), capacity_(options.capacity), name_(std::move(options.name)) {
         (void)cuda_category();  // builds the message table on_done reads: no CUDA call there
         detail::device_guard guard(device_);
-        check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+        check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags",
                    name_ + ": stream on device " + std::to_string(device_));
     }
     device_tier(const device_tier&) = delete;
@@ -105,8 +126,7 @@ public:
         cudaGetDevice(&previous);
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);  // every copy done, every host function run
-        for (auto& [key, b] : blobs_)
-            if (b.ptr) cudaFreeAsync(b.ptr, stream_);
+        for (auto& [key, b] : blobs_) free_blob(b);
         cudaStreamSynchronize(stream_);
         cudaStreamDestroy(stream_);
         cudaSetDevice(previous);
@@ -123,15 +143,17 @@ public:
         const std::size_t n = bytes.size();
         stats_.begin(io_direction::write);
         std::unique_lock lock(mutex_);
-        auto [it, inserted] = blobs_.try_emplace(std::string(key));  // the only step that allocates host memory
+        auto [it, inserted] =
+            blobs_.try_emplace(std::string(key));  // the only step that allocates host memory
         void* ptr = nullptr;
         try {
             detail::device_guard guard(device_);
             std::size_t old = it->second.nbytes;
             if (used_ - old + n > capacity_)
                 throw std::system_error(ENOSPC, std::generic_category(),
-                                        describe("write", key, n) + " exceeds the capacity of " + bytes_str(capacity_) +
-                                            " (" + bytes_str(used_) + " used)");
+                                        describe("write", key, n) + " exceeds the capacity of " +
+                                            bytes_str(capacity_) + " (" + bytes_str(used_) +
+                                            " used)");
             // 1. allocate and enqueue the copy, then the completion
             if (n > 0) {
                 cudaError_t err = cudaMallocAsync(&ptr, n, stream_);
@@ -139,17 +161,18 @@ public:
                     cudaGetLastError();  // clear the (non-sticky) allocation error
                     ptr = nullptr;
                     throw std::system_error(ENOSPC, std::generic_category(),
-                                            describe("write", key, n) + ": cudaMallocAsync failed (" +
+                                            describe("write", key, n) +
+                                                ": cudaMallocAsync failed (" +
                                                 cuda_category().message(err) + ")");
                 }
                 check_cuda(err, "cudaMallocAsync", describe("write", key, n));
-                check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync",
-                           describe("write", key, n));
+                check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_),
+                           "cudaMemcpyAsync", describe("write", key, n));
             }
             auto handle = enqueue_completion(io_direction::write, n, key);
             // 2. swap the new blob in; 3. free the old one in stream order (nothing here throws)
-            if (it->second.ptr) cudaFreeAsync(it->second.ptr, stream_);
-            it->second = blob{ptr, n};
+            free_blob(it->second);
+            it->second = blob{ptr, n, {}};
             used_ = used_ - old + n;
             return handle;
         } catch (...) {
@@ -174,14 +197,17 @@ public:
             std::lock_guard lock(mutex_);
             auto it = blobs_.find(std::string(key));
             if (it == blobs_.end())
-                throw std::system_error(ENOENT, std::generic_category(),
-                                        name_ + ": read of key " + spillway::quoted(key) + ": no such key");
+                throw std::system_error(
+                    ENOENT, std::generic_category(),
+                    name_ + ": read of key " + spillway::quoted(key) + ": no such key");
             if (it->second.nbytes != n)
-                throw std::invalid_argument(name_ + ": read of key " + spillway::quoted(key) + " into a buffer of " +
-                                            bytes_str(n) + ", but the blob has " + bytes_str(it->second.nbytes));
+                throw std::invalid_argument(name_ + ": read of key " + spillway::quoted(key) +
+                                            " into a buffer of " + bytes_str(n) +
+                                            ", but the blob has " + bytes_str(it->second.nbytes));
             detail::device_guard guard(device_);
             if (n > 0)
-                check_cuda(cudaMemcpyAsync(bytes.data(), it->second.ptr, n, cudaMemcpyDeviceToHost, stream_),
+                check_cuda(cudaMemcpyAsync(bytes.data(), it->second.ptr, n, cudaMemcpyDeviceToHost,
+                                           stream_),
                            "cudaMemcpyAsync", describe("read", key, n));
             return enqueue_completion(io_direction::read, n, key);
         } catch (...) {
@@ -197,9 +223,9 @@ public:
         std::lock_guard lock(mutex_);
         auto it = blobs_.find(std::string(key));
         if (it == blobs_.end()) return false;
-        if (it->second.ptr) {
+        {
             detail::device_guard guard(device_);
-            cudaFreeAsync(it->second.ptr, stream_);  // after every read already enqueued
+            free_blob(it->second);  // after every read already enqueued (the protocol's step 3)
         }
         used_ -= it->second.nbytes;
         blobs_.erase(it);
@@ -234,18 +260,56 @@ public:
     [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
 
     /// The device address of a blob (valid until the key is rewritten or erased; work on it
-    /// must be ordered after the tier's stream), or nullptr when the key is absent.
+    /// must be ordered after the tier's stream, and must have finished before the key is
+    /// rewritten or erased), or nullptr when the key is absent.
     [[nodiscard]] const void* device_pointer(std::string_view key) const {
         std::lock_guard lock(mutex_);
         auto it = blobs_.find(std::string(key));
         return it == blobs_.end() ? nullptr : it->second.ptr;
+    }
+    /// The device address of a blob for work on `reader` (a stream of the tier's device),
+    /// or nullptr when the key is absent. The blob's memory is freed (by a rewrite, an erase
+    /// or the tier's destruction) only after the work enqueued on `reader` before that call:
+    /// see "Readers on other streams" in the header comment. Work on it must be ordered after
+    /// the tier's stream. `reader` must outlive the blob's registration (until the key is
+    /// rewritten or erased).
+    [[nodiscard]] const void* device_pointer(std::string_view key, cudaStream_t reader) {
+        std::lock_guard lock(mutex_);
+        auto it = blobs_.find(std::string(key));
+        if (it == blobs_.end()) return nullptr;
+        auto& readers = it->second.readers;
+        if (reader != stream_ && std::find(readers.begin(), readers.end(), reader) == readers.end())
+            readers.push_back(reader);  // the only step that allocates
+        return it->second.ptr;
     }
 
 private:
     struct blob {
         void* ptr = nullptr;
         std::size_t nbytes = 0;
+        std::vector<cudaStream_t> readers;  // streams registered by device_pointer(key, reader)
     };
+
+    // The protocol's step 3, with the tier's device current and mutex_ held. Never throws:
+    // where an event cannot order the free after a reader, the host waits for the reader
+    // (a failed context runs nothing any more, so then nothing waits).
+    void free_blob(blob& b) noexcept {
+        for (cudaStream_t reader : b.readers) {
+            cudaEvent_t done = nullptr;
+            if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess &&
+                cudaEventRecord(done, reader) == cudaSuccess &&
+                cudaStreamWaitEvent(stream_, done, 0) == cudaSuccess) {
+                cudaEventDestroy(done);  // deferred by CUDA until the wait is done
+                continue;
+            }
+            cudaGetLastError();
+            if (done) cudaEventDestroy(done);
+            if (cudaStreamSynchronize(reader) != cudaSuccess) cudaGetLastError();
+        }
+        b.readers.clear();
+        if (b.ptr && cudaFreeAsync(b.ptr, stream_) != cudaSuccess) cudaGetLastError();
+        b.ptr = nullptr;
+    }
     // What the callback finishes; owned by the callback once enqueued.
     struct pending {
         completion_source source;
@@ -268,7 +332,8 @@ private:
         op->stats->end(op->dir, op->nbytes, false);
         std::exception_ptr error;
         try {
-            error = std::make_exception_ptr(make_cuda_error(status, "a copy on the tier's stream", op->what));
+            error = std::make_exception_ptr(
+                make_cuda_error(status, "a copy on the tier's stream", op->what));
         } catch (...) {  // out of memory building the message
             error = std::current_exception();
         }
@@ -279,10 +344,15 @@ private:
         std::string what = describe(dir == io_direction::read ? "read" : "write", key, n);
         io_completion handle;  // declared before op: if the enqueue throws, op's source is gone
                                // (failing the operation) before the handle's destructor waits
-        auto op = std::make_unique<pending>(pending{completion_source{}, &stats_, dir, n, std::move(what)});
+        auto op = std::make_unique<pending>(
+            pending{completion_source{}, &stats_, dir, n, std::move(what)});
         handle = op->source.handle();
-        check_cuda(cudaStreamAddCallback(stream_, &device_tier::on_done, op.get(), 0), "cudaStreamAddCallback",
-                   op->what);
+        if (cudaError_t err = cudaStreamAddCallback(stream_, &device_tier::on_done, op.get(), 0);
+            err != cudaSuccess) {
+            cudaStreamSynchronize(
+                stream_);  // the copy before it stops using the caller's buffer first
+            throw_cuda_error(err, "cudaStreamAddCallback", op->what);
+        }
         op.release();  // the callback owns it now
         return handle;
     }
@@ -296,8 +366,10 @@ private:
         }
     }
 
-    [[nodiscard]] std::string describe(std::string_view op, std::string_view key, std::size_t n) const {
-        return name_ + ": " + std::string(op) + " of key " + spillway::quoted(key) + " (" + bytes_str(n) + ")";
+    [[nodiscard]] std::string describe(std::string_view op, std::string_view key,
+                                       std::size_t n) const {
+        return name_ + ": " + std::string(op) + " of key " + spillway::quoted(key) + " (" +
+               bytes_str(n) + ")";
     }
 
     int device_;
