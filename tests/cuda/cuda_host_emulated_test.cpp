@@ -6,7 +6,7 @@
 // - The emulation keeps stream order, event records and cross-stream waits, and the
 //   per-thread last error, as CUDA specifies them.
 // - device_tier passes the storage_tier conformance suite (pageable and pinned buffers,
-//   decorated, the fault cases); a failed cudaMallocAsync is ENOSPC naming key and size with
+//   decorated, the fault cases); a failed pool allocation is ENOSPC naming key and size with
 //   the previous blob intact; the capacity bound; a failed stream reported by the callback
 //   names key and size.
 // - stage_from_device/stage_to_device round-trip sizes around the chunk size and random ones
@@ -250,15 +250,16 @@ TEST_CASE(
 // ---- device_tier ---------------------------------------------------------------------------
 
 TEST_CASE(
-    "device_tier (emulated): a failed cudaMallocAsync is ENOSPC naming key and size; the old blob "
+    "device_tier (emulated): a failed pool allocation is ENOSPC naming key and size; the old blob "
     "stays") {
     sc::device_tier tier;
     auto old = test::random_bytes(100, 1);
     REQUIRE(tier.write("k", old).wait() == 100);
     emu::fail_malloc_async(1);
     auto bigger = test::random_bytes(5000, 2);
-    check_system_error(run([&] { return tier.write("k", bigger); }), ENOSPC,
-                       {"'k'", "5000 bytes", "cudaMallocAsync", "cudaErrorMemoryAllocation"});
+    check_system_error(
+        run([&] { return tier.write("k", bigger); }), ENOSPC,
+        {"'k'", "5000 bytes", "cudaMallocFromPoolAsync", "cudaErrorMemoryAllocation"});
     CHECK(cudaPeekAtLastError() == cudaSuccess);  // the allocation error was cleared
     CHECK(tier.size_of("k") == 100u);
     CHECK(tier.used() == 100);

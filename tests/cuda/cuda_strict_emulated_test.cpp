@@ -27,6 +27,7 @@
 #include <spillway/cuda/device_stash.hpp>
 #include <spillway/cuda/device_tier.hpp>
 #include <spillway/cuda/host_registration.hpp>
+#include <spillway/cuda/memory_pools.hpp>
 #include <spillway/cuda/pinned_buffer.hpp>
 #include <spillway/cuda/staged_copy.hpp>
 #include <spillway/tier/faulty_tier.hpp>
@@ -451,6 +452,42 @@ TEST_CASE(
     CHECK_THROWS_WITH_AS(std::rethrow_exception(outcome.error),
                          doctest::Contains("cudaStreamAddCallback"), std::system_error);
     CHECK_FALSE(tier.contains("k"));
+}
+
+TEST_CASE(
+    "the library: device_tier blobs and Thrust scratch each have a pool of their own, with its "
+    "threshold") {
+    cudaMemPool_t default_pool = nullptr;
+    REQUIRE(cudaDeviceGetDefaultMemPool(&default_pool, 0) == cudaSuccess);
+    std::uint64_t threshold = 1;
+    sc::device_tier tier;
+    constexpr std::size_t n = 4096;
+    REQUIRE(tier.write("k", test::random_bytes(n, 1)).wait() == n);
+    cudaMemPool_t pool = emu::pool_of(tier.device_pointer("k"));
+    REQUIRE(pool != nullptr);
+    CHECK(pool != default_pool);  // the caller's default pool keeps its own threshold
+    REQUIRE(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold) ==
+            cudaSuccess);
+    CHECK(threshold == sc::tier_release_threshold);
+    REQUIRE(tier.write("k", test::random_bytes(n, 2)).wait() == n);
+    cudaStreamSynchronize(tier.stream());
+    CHECK(emu::reserved_bytes(pool) ==
+          n);  // the rewritten blob's memory went back: only the live one
+
+    cudaMemPool_t scratch = sc::scratch_pool(0);
+    CHECK(scratch != default_pool);
+    CHECK(scratch != pool);
+    CHECK(sc::scratch_pool(0) == scratch);  // one per device for the process
+    REQUIRE(cudaMemPoolGetAttribute(scratch, cudaMemPoolAttrReleaseThreshold, &threshold) ==
+            cudaSuccess);
+    CHECK(threshold == sc::scratch_release_threshold);
+    stream_owner s;
+    void* p = nullptr;
+    REQUIRE(cudaMallocFromPoolAsync(&p, std::size_t{1} << 20, scratch, s.s) == cudaSuccess);
+    cudaFreeAsync(p, s.s);
+    cudaStreamSynchronize(s.s);
+    CHECK(emu::reserved_bytes(scratch) == std::size_t{1} << 20);  // kept mapped for the next call
+    CHECK_THROWS_AS((void)sc::scratch_pool(64), std::system_error);
 }
 
 TEST_CASE("the library: no CUDA call was made inside a stream callback") {

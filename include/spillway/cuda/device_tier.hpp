@@ -2,7 +2,10 @@
 // spillway/cuda/device_tier.hpp: a storage tier in GPU memory.
 //
 // Guarantees:
-// - Blobs live in device memory from the stream-ordered allocator (cudaMallocAsync). All
+// - Blobs live in device memory from the tier's own stream-ordered pool (memory_pools.hpp:
+//   tier_pool, release threshold 0: the memory of a freed blob goes back to the driver at
+//   the next synchronisation, never kept from the trainer; not the device's default pool,
+//   whose threshold stays the caller's). All
 //   work runs on one non-blocking stream owned by the tier, so operations execute in the
 //   order they were issued; a completion is signalled by a stream callback enqueued after
 //   the copy (cudaStreamAddCallback).
@@ -68,6 +71,7 @@
 #include <cuda_runtime_api.h>
 
 #include "spillway/cuda/cuda_error.hpp"
+#include "spillway/cuda/memory_pools.hpp"
 #include "spillway/error.hpp"
 #include "spillway/tier/storage_tier.hpp"
 
@@ -117,6 +121,12 @@ public:
         check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                    "cudaStreamCreateWithFlags",
                    name_ + ": stream on device " + std::to_string(device_));
+        try {
+            pool_ = tier_pool(device_);
+        } catch (...) {
+            cudaStreamDestroy(stream_);
+            throw;
+        }
     }
     device_tier(const device_tier&) = delete;
     device_tier& operator=(const device_tier&) = delete;
@@ -156,16 +166,16 @@ public:
                                             " used)");
             // 1. allocate and enqueue the copy, then the completion
             if (n > 0) {
-                cudaError_t err = cudaMallocAsync(&ptr, n, stream_);
+                cudaError_t err = cudaMallocFromPoolAsync(&ptr, n, pool_.get(), stream_);
                 if (err == cudaErrorMemoryAllocation) {
                     cudaGetLastError();  // clear the (non-sticky) allocation error
                     ptr = nullptr;
                     throw std::system_error(ENOSPC, std::generic_category(),
                                             describe("write", key, n) +
-                                                ": cudaMallocAsync failed (" +
+                                                ": cudaMallocFromPoolAsync failed (" +
                                                 cuda_category().message(err) + ")");
                 }
-                check_cuda(err, "cudaMallocAsync", describe("write", key, n));
+                check_cuda(err, "cudaMallocFromPoolAsync", describe("write", key, n));
                 check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_),
                            "cudaMemcpyAsync", describe("write", key, n));
             }
@@ -376,6 +386,7 @@ private:
     std::size_t capacity_;
     std::string name_;
     cudaStream_t stream_ = nullptr;
+    memory_pool pool_;  // destroyed after the destructor's body freed every blob
     mutable std::mutex mutex_;
     std::unordered_map<std::string, blob> blobs_;
     std::size_t used_ = 0;
