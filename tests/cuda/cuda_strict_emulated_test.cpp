@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -488,6 +489,50 @@ TEST_CASE(
     cudaStreamSynchronize(s.s);
     CHECK(emu::reserved_bytes(scratch) == std::size_t{1} << 20);  // kept mapped for the next call
     CHECK_THROWS_AS((void)sc::scratch_pool(64), std::system_error);
+}
+
+TEST_CASE("the library: a pageable device_tier copy blocks its caller only, not the tier") {
+    sc::device_tier tier;
+    constexpr std::size_t n = 8192;
+    const auto a = test::random_bytes(n, 1), b = test::random_bytes(n, 2),
+               c = test::random_bytes(n, 3);
+    REQUIRE(tier.write("a", a).wait() == n);
+    REQUIRE(tier.write("b", b).wait() == n);
+    std::vector<std::byte> back(n);
+    std::optional<gate> held(tier.stream());  // the GPU is busy: a pageable copy waits for it
+    auto reading = std::async(std::launch::async, [&] { return tier.read("a", back).wait(); });
+    auto writing = std::async(std::launch::async, [&] { return tier.write("b", c).wait(); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both copies are waiting now
+    auto others = std::async(std::launch::async, [&] {
+        const bool present = tier.contains("a") && tier.size_of("b") == n;
+        const bool erased = tier.erase("a");  // the read in flight keeps its blob until it is done
+        return present && erased && !tier.contains("a");
+    });
+    CHECK(finishes_within(others, 200));  // not behind the blocked copies
+    CHECK_FALSE(finishes_within(reading, 0));
+    held.reset();
+    CHECK(reading.get() == n);
+    CHECK(back == a);
+    CHECK(writing.get() == n);
+    CHECK(others.get());
+    std::vector<std::byte> now(n);
+    CHECK(tier.read("b", now).wait() == n);
+    CHECK(now == c);
+    CHECK(tier.used() == n);
+    // Two writes of one key in flight at once: the one issued last stands.
+    {
+        gate again(tier.stream());
+        auto first = std::async(std::launch::async, [&] { return tier.write("k", a).wait(); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        auto second = std::async(std::launch::async, [&] { return tier.write("k", b).wait(); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        again.open();
+        CHECK(first.get() == n);
+        CHECK(second.get() == n);
+    }
+    CHECK(tier.read("k", now).wait() == n);
+    CHECK(now == b);
+    CHECK(tier.used() == 2 * n);
 }
 
 TEST_CASE("the library: no CUDA call was made inside a stream callback") {

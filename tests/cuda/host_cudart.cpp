@@ -31,7 +31,9 @@
 //     or a scripted status; any CUDA call made inside one fails with cudaErrorNotPermitted
 //     and is counted (calls_in_callbacks()). cudaStreamAddCallback itself can be scripted to
 //     fail after the copies before it were enqueued.
-//  6. Pageable host memory: a cudaMemcpyAsync between device memory and host memory that
+//  6. Pageable host memory (cudaPointerGetAttributes: cudaMemoryTypeUnregistered; memory
+//     from cudaHostAlloc or cudaHostRegister is cudaMemoryTypeHost, device allocations
+//     cudaMemoryTypeDevice): a cudaMemcpyAsync between device memory and host memory that
 //     is neither from cudaHostAlloc nor registered by cudaHostRegister blocks the calling
 //     thread until the copy has run in stream order (the stream's backlog included): the
 //     worst case CUDA allows for staged copies. Host-to-host and device-to-device copies
@@ -667,6 +669,23 @@ cudaError_t cudaHostUnregister(void* ptr) {
     if (it == host_ranges.end() || !it->second.registered)
         return fail(cudaErrorHostMemoryNotRegistered);
     host_ranges.erase(it);
+    return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
+    EMU_ENTER();
+    if (!attributes) return fail(cudaErrorInvalidValue);
+    *attributes = cudaPointerAttributes{};
+    attributes->device = current_device;
+    if (is_device(ptr)) {
+        attributes->type = cudaMemoryTypeDevice;
+        attributes->devicePointer = const_cast<void*>(ptr);
+    } else if (is_pinned(ptr)) {
+        attributes->type = cudaMemoryTypeHost;
+        attributes->hostPointer = const_cast<void*>(ptr);
+    } else {
+        attributes->type = cudaMemoryTypeUnregistered;
+    }
     return cudaSuccess;
 }
 

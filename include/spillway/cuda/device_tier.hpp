@@ -15,9 +15,23 @@
 // - Pageable caller buffers (a std::vector, plain new) work too, but the CUDA runtime
 //   stages them through its own pinned memory, and then the call blocks: write() waits
 //   for the tier stream's earlier work (the backlog) and for the bytes to be staged; read()
-//   waits for the backlog and for the copy to land in the buffer. It blocks holding the
-//   tier's mutex, so every other call on the tier (from any thread) waits meanwhile. Use
-//   pinned buffers wherever the caller must not stall behind the GPU.
+//   waits for the backlog and for the copy to land in the buffer. Only the calling thread
+//   waits: the copy runs without the tier's mutex, so other calls on the tier go on
+//   meanwhile. Use pinned buffers wherever the caller itself must not stall behind the GPU.
+// - Pageable copies outside the mutex (buffers cudaPointerGetAttributes calls
+//   cudaMemoryTypeUnregistered; pinned buffers keep the simpler path under the mutex):
+//   Read:  1. under the mutex, check the key and size and count the read on the blob (its
+//             pageable readers); 2. copy without the mutex, enqueue the completion;
+//          3. under the mutex, uncount it; a blob rewritten or erased meanwhile was kept
+//             aside (retired) and is freed (step 3 of the rewrite protocol) by its last
+//             reader, after that reader's copy in stream order.
+//   Write: 1. under the mutex, check the capacity counting the bytes of the writes in
+//             flight (reserved), allocate, and take a ticket for the key; 2. copy without
+//             the mutex; 3. under the mutex, release the reservation; if no write or erase
+//             of the key was issued after this one, swap the blob in as in the rewrite
+//             protocol, else free it after its copy (the later call's result stands, as if
+//             the calls had run in the order they were issued). Either way the write
+//             succeeded and its completion says so.
 // - A completion never hangs: the callback runs even when the stream or the context has
 //   failed (cudaLaunchHostFunc's host function would not, and the handle would wait
 //   forever), and then fails the operation with std::system_error in cuda_category()
@@ -58,6 +72,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -137,6 +152,7 @@ public:
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);  // every copy done, every host function run
         for (auto& [key, b] : blobs_) free_blob(b);
+        for (auto& b : retired_) free_blob(b);
         cudaStreamSynchronize(stream_);
         cudaStreamDestroy(stream_);
         cudaSetDevice(previous);
@@ -151,6 +167,7 @@ public:
     io_completion write(std::string_view key, std::span<const std::byte> bytes) {
         check_key(key);
         const std::size_t n = bytes.size();
+        if (n > 0 && is_pageable(bytes.data())) return write_pageable(key, bytes);
         stats_.begin(io_direction::write);
         std::unique_lock lock(mutex_);
         auto [it, inserted] =
@@ -159,31 +176,15 @@ public:
         try {
             detail::device_guard guard(device_);
             std::size_t old = it->second.nbytes;
-            if (used_ - old + n > capacity_)
-                throw std::system_error(ENOSPC, std::generic_category(),
-                                        describe("write", key, n) + " exceeds the capacity of " +
-                                            bytes_str(capacity_) + " (" + bytes_str(used_) +
-                                            " used)");
             // 1. allocate and enqueue the copy, then the completion
-            if (n > 0) {
-                cudaError_t err = cudaMallocFromPoolAsync(&ptr, n, pool_.get(), stream_);
-                if (err == cudaErrorMemoryAllocation) {
-                    cudaGetLastError();  // clear the (non-sticky) allocation error
-                    ptr = nullptr;
-                    throw std::system_error(ENOSPC, std::generic_category(),
-                                            describe("write", key, n) +
-                                                ": cudaMallocFromPoolAsync failed (" +
-                                                cuda_category().message(err) + ")");
-                }
-                check_cuda(err, "cudaMallocFromPoolAsync", describe("write", key, n));
+            ptr = allocate(key, n, old);
+            if (n > 0)
                 check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_),
                            "cudaMemcpyAsync", describe("write", key, n));
-            }
             auto handle = enqueue_completion(io_direction::write, n, key);
             // 2. swap the new blob in; 3. free the old one in stream order (nothing here throws)
-            free_blob(it->second);
-            it->second = blob{ptr, n, {}};
-            used_ = used_ - old + n;
+            supersede_writes(key);
+            install(it->second, ptr, n);
             return handle;
         } catch (...) {
             if (ptr) cudaFreeAsync(ptr, stream_);
@@ -202,18 +203,11 @@ public:
     io_completion read(std::string_view key, std::span<std::byte> bytes) {
         check_key(key);
         const std::size_t n = bytes.size();
+        if (n > 0 && is_pageable(bytes.data())) return read_pageable(key, bytes);
         stats_.begin(io_direction::read);
         try {
             std::lock_guard lock(mutex_);
-            auto it = blobs_.find(std::string(key));
-            if (it == blobs_.end())
-                throw std::system_error(
-                    ENOENT, std::generic_category(),
-                    name_ + ": read of key " + spillway::quoted(key) + ": no such key");
-            if (it->second.nbytes != n)
-                throw std::invalid_argument(name_ + ": read of key " + spillway::quoted(key) +
-                                            " into a buffer of " + bytes_str(n) +
-                                            ", but the blob has " + bytes_str(it->second.nbytes));
+            auto it = find_for_read(key, n);
             detail::device_guard guard(device_);
             if (n > 0)
                 check_cuda(cudaMemcpyAsync(bytes.data(), it->second.ptr, n, cudaMemcpyDeviceToHost,
@@ -235,9 +229,10 @@ public:
         if (it == blobs_.end()) return false;
         {
             detail::device_guard guard(device_);
-            free_blob(it->second);  // after every read already enqueued (the protocol's step 3)
+            used_ -= it->second.nbytes;
+            supersede_writes(key);
+            retire(it->second);  // after every read already enqueued (the protocol's step 3)
         }
-        used_ -= it->second.nbytes;
         blobs_.erase(it);
         return true;
     }
@@ -298,7 +293,190 @@ private:
         void* ptr = nullptr;
         std::size_t nbytes = 0;
         std::vector<cudaStream_t> readers;  // streams registered by device_pointer(key, reader)
+        std::uint64_t id = 0;               // names the blob to its pageable readers
+        std::size_t pageable_readers = 0;   // reads copying it without the mutex
     };
+    // The pageable writes of one key in flight, and the newest call that changed the key.
+    struct key_writes {
+        std::uint64_t latest = 0;
+        std::size_t in_flight = 0;
+    };
+
+    // True for memory the runtime has to stage (not page-locked, not device memory).
+    static bool is_pageable(const void* p) noexcept {
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+            cudaGetLastError();  // an unknown pointer: pageable
+            return true;
+        }
+        return attr.type == cudaMemoryTypeUnregistered;
+    }
+
+    // With mutex_ held and the device current: n bytes from the tier's pool after the
+    // capacity check (the key's current blob of `old` bytes will be replaced, the bytes of
+    // pageable writes in flight are reserved); nullptr for n = 0. Throws ENOSPC naming the
+    // key and size, or the CUDA error.
+    void* allocate(std::string_view key, std::size_t n, std::size_t old) {
+        if (used_ + reserved_ - old + n > capacity_)
+            throw std::system_error(ENOSPC, std::generic_category(),
+                                    describe("write", key, n) + " exceeds the capacity of " +
+                                        bytes_str(capacity_) + " (" + bytes_str(used_ + reserved_) +
+                                        " used)");
+        if (n == 0) return nullptr;
+        void* ptr = nullptr;
+        cudaError_t err = cudaMallocFromPoolAsync(&ptr, n, pool_.get(), stream_);
+        if (err == cudaErrorMemoryAllocation) {
+            cudaGetLastError();  // clear the (non-sticky) allocation error
+            throw std::system_error(ENOSPC, std::generic_category(),
+                                    describe("write", key, n) +
+                                        ": cudaMallocFromPoolAsync failed (" +
+                                        cuda_category().message(err) + ")");
+        }
+        check_cuda(err, "cudaMallocFromPoolAsync", describe("write", key, n));
+        return ptr;
+    }
+
+    // With mutex_ held: the blob of `key`, checked to hold n bytes (ENOENT, or
+    // std::invalid_argument naming both sizes).
+    std::unordered_map<std::string, blob>::iterator find_for_read(std::string_view key,
+                                                                  std::size_t n) {
+        auto it = blobs_.find(std::string(key));
+        if (it == blobs_.end())
+            throw std::system_error(
+                ENOENT, std::generic_category(),
+                name_ + ": read of key " + spillway::quoted(key) + ": no such key");
+        if (it->second.nbytes != n)
+            throw std::invalid_argument(name_ + ": read of key " + spillway::quoted(key) +
+                                        " into a buffer of " + bytes_str(n) +
+                                        ", but the blob has " + bytes_str(it->second.nbytes));
+        return it;
+    }
+
+    // With mutex_ held: a write or erase of `key` was issued; pageable writes of it in
+    // flight lose (they were issued before it).
+    void supersede_writes(std::string_view key) {
+        if (auto w = writes_.find(std::string(key)); w != writes_.end())
+            w->second.latest = ++next_ticket_;
+    }
+
+    // With mutex_ held and the device current: the old blob in `slot` is retired and the new
+    // one (ptr, n) takes its place.
+    void install(blob& slot, void* ptr, std::size_t n) {
+        used_ = used_ - slot.nbytes + n;
+        retire(slot);
+        slot = blob{ptr, n, {}, ++next_blob_id_, 0};
+    }
+
+    // With mutex_ held and the device current: frees the blob (free_blob), or, while
+    // pageable reads still copy it, keeps it aside for the last of them to free.
+    void retire(blob& b) {
+        if (b.pageable_readers == 0) {
+            free_blob(b);
+            return;
+        }
+        retired_.push_back(std::move(b));
+        b = blob{};
+    }
+
+    // Pageable write: the protocol in the header comment ("Write").
+    io_completion write_pageable(std::string_view key, std::span<const std::byte> bytes) {
+        const std::size_t n = bytes.size();
+        stats_.begin(io_direction::write);
+        std::unique_lock lock(mutex_);
+        void* ptr = nullptr;
+        std::uint64_t ticket = 0;
+        try {  // 1.
+            detail::device_guard guard(device_);
+            auto it = blobs_.find(std::string(key));
+            ptr = allocate(key, n, it == blobs_.end() ? 0 : it->second.nbytes);
+            auto& w = writes_[std::string(key)];
+            ticket = w.latest = ++next_ticket_;
+            ++w.in_flight;
+            reserved_ += n;
+        } catch (...) {
+            if (ptr) cudaFreeAsync(ptr, stream_);
+            lock.unlock();
+            stats_.end(io_direction::write, n, false);
+            return io_completion::failed(std::current_exception());
+        }
+        lock.unlock();
+        std::exception_ptr error;
+        try {  // 2.
+            detail::device_guard guard(device_);
+            check_cuda(cudaMemcpyAsync(ptr, bytes.data(), n, cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync", describe("write", key, n));
+        } catch (...) {
+            error = std::current_exception();
+        }
+        lock.lock();  // 3.
+        detail::device_guard guard(device_);
+        reserved_ -= n;
+        auto w = writes_.find(std::string(key));
+        const bool newest = w->second.latest == ticket;
+        if (--w->second.in_flight == 0) writes_.erase(w);
+        try {
+            if (error) std::rethrow_exception(error);
+            auto handle = enqueue_completion(io_direction::write, n, key);
+            if (newest) {
+                auto [it, inserted] = blobs_.try_emplace(std::string(key));
+                install(it->second, ptr, n);
+            } else {
+                cudaFreeAsync(ptr, stream_);  // a later write or erase of the key stands
+            }
+            return handle;
+        } catch (...) {
+            cudaFreeAsync(ptr, stream_);
+            lock.unlock();
+            stats_.end(io_direction::write, n, false);
+            return io_completion::failed(std::current_exception());
+        }
+    }
+
+    // Pageable read: the protocol in the header comment ("Read").
+    io_completion read_pageable(std::string_view key, std::span<std::byte> bytes) {
+        const std::size_t n = bytes.size();
+        stats_.begin(io_direction::read);
+        const void* src = nullptr;
+        std::uint64_t id = 0;
+        try {  // 1.
+            std::lock_guard lock(mutex_);
+            auto it = find_for_read(key, n);
+            ++it->second.pageable_readers;
+            src = it->second.ptr;
+            id = it->second.id;
+        } catch (...) {
+            stats_.end(io_direction::read, n, false);
+            return io_completion::failed(std::current_exception());
+        }
+        std::exception_ptr error;
+        io_completion handle;
+        try {  // 2.
+            detail::device_guard guard(device_);
+            check_cuda(cudaMemcpyAsync(bytes.data(), src, n, cudaMemcpyDeviceToHost, stream_),
+                       "cudaMemcpyAsync", describe("read", key, n));
+            handle = enqueue_completion(io_direction::read, n, key);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        {  // 3.
+            std::lock_guard lock(mutex_);
+            detail::device_guard guard(device_);
+            if (auto it = blobs_.find(std::string(key));
+                it != blobs_.end() && it->second.id == id) {
+                --it->second.pageable_readers;
+            } else {
+                auto r = std::find_if(retired_.begin(), retired_.end(),
+                                      [&](const blob& b) { return b.id == id; });
+                if (--r->pageable_readers == 0) {
+                    free_blob(*r);  // after this read's copy, in stream order
+                    retired_.erase(r);
+                }
+            }
+        }
+        if (!error) return handle;
+        stats_.end(io_direction::read, n, false);
+        return io_completion::failed(error);
+    }
 
     // The protocol's step 3, with the tier's device current and mutex_ held. Never throws:
     // where an event cannot order the free after a reader, the host waits for the reader
@@ -389,7 +567,12 @@ private:
     memory_pool pool_;  // destroyed after the destructor's body freed every blob
     mutable std::mutex mutex_;
     std::unordered_map<std::string, blob> blobs_;
+    std::vector<blob> retired_;  // rewritten or erased while pageable reads copy them
+    std::unordered_map<std::string, key_writes> writes_;  // keys with pageable writes in flight
+    std::uint64_t next_ticket_ = 0;
+    std::uint64_t next_blob_id_ = 0;
     std::size_t used_ = 0;
+    std::size_t reserved_ = 0;  // bytes of pageable writes in flight
     stats_recorder stats_;
 };
 
