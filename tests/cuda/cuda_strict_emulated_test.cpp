@@ -535,6 +535,65 @@ TEST_CASE("the library: a pageable device_tier copy blocks its caller only, not 
     CHECK(tier.used() == 2 * n);
 }
 
+TEST_CASE(
+    "the library: device_stash::load returns while the side stream's copies are still queued") {
+    host_tier tier;
+    activation_stash<host_tier> host(tier,
+                                     {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<host_tier> stash(host,
+                                      {.chunk_bytes = 64 * 1024});  // 7 chunks, 2 staging slots
+    stream_owner compute;
+    const std::size_t count = 100000, n = count * sizeof(float);
+    const auto data = test::random_bytes(n, 23);
+    device_bytes act(n), dst(n);
+    cudaMemcpyAsync(act.ptr, data.data(), n, cudaMemcpyHostToDevice, compute.s);
+    stash.begin_layer(0);
+    auto h = stash.save(float_tensor("act", 1, count), act.ptr, compute.s);
+    stash.end_layer();
+    stash.wait_copied(h);
+    stash.flush();
+    stash.start_backward();
+    cudaMemsetAsync(dst.ptr, 0, n, compute.s);
+    {
+        gate held(stash.side_stream());  // the copy engine is busy with earlier work
+        auto loading = std::async(std::launch::async, [&] { stash.load(h, dst.ptr, compute.s); });
+        CHECK(finishes_within(loading, 500));  // enqueued, not waited for chunk by chunk
+        held.open();
+        loading.get();
+    }
+    cudaStreamSynchronize(compute.s);
+    CHECK(to_host(dst) == data);
+    stash.release(h);
+    stash.flush();
+
+    // Arrival buffers bounded below one tensor: each copy in still lands, in order.
+    host_tier tier2;
+    activation_stash<host_tier> host2(tier2,
+                                      {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<host_tier> small(host2,
+                                      {.chunk_bytes = 64 * 1024, .arrival_pinned_bytes = 4096});
+    std::vector<sc::device_handle> handles;
+    small.begin_layer(0);
+    for (std::uint64_t id = 1; id <= 3; ++id) {
+        handles.push_back(small.save(float_tensor("t" + std::to_string(id), id, count - 1000 * id),
+                                     act.ptr, compute.s));
+        small.wait_copied(handles.back());
+    }
+    small.end_layer();
+    small.start_backward();
+    for (std::size_t i = handles.size(); i-- > 0;) {
+        const std::size_t bytes = (count - 1000 * (i + 1)) * sizeof(float);
+        device_bytes into(bytes);
+        small.load(handles[i], into.ptr, compute.s);
+        cudaStreamSynchronize(compute.s);
+        CHECK(to_host(into) ==
+              std::vector<std::byte>(data.begin(),
+                                     data.begin() + static_cast<std::ptrdiff_t>(bytes)));
+        small.release(handles[i]);
+    }
+    small.flush();
+}
+
 TEST_CASE("the library: no CUDA call was made inside a stream callback") {
     CHECK(emu::calls_in_callbacks() == 1);  // the emulation's own case above, none of the library's
 }

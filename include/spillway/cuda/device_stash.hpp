@@ -36,6 +36,14 @@
 //   write there, e.g. a full disk) keeps its error for the stash: the next wait_copied(),
 //   prefetch(), load() or flush() throws it once, with the tensor it was called for (or
 //   flush) and the job named in front; the stash and the tier go on working.
+// - Copies in are enqueued, not waited for: the mover copies the tensor's host bytes into
+//   a pinned arrival buffer of its own and enqueues one copy from it, recording the
+//   buffer's event after it; a buffer is reused only once its event has completed (polled
+//   with query_done, never waited for while another one fits). So load() blocks the host
+//   while the bytes come from the tier and are copied on the host, never for the PCIe
+//   transfer. The arrival buffers hold at most options.arrival_pinned_bytes; beyond that
+//   the mover waits for the oldest buffer large enough, or replaces a completed one, and a
+//   tensor larger than the bound gets a buffer of its own size.
 // - Every event and stream of the stash belongs to options.device, whichever device is
 //   current when a call is made; the compute streams passed in must belong to it too.
 // - Thread-safe, like the host stash. The host stash must outlive the device_stash; it may
@@ -54,7 +62,8 @@
 //     whose tensor was released. Otherwise, still under the lock it checked that with (so
 //     `dst_free` holds this prefetch's record, not a newer one's), it makes the side stream
 //     wait for `dst_free`; then activation_stash::load (a tier read if the tensor was
-//     offloaded), copy_to_device into dst on the side stream, and event `arrived` recorded
+//     offloaded), the copy into dst through an arrival buffer on the side stream (see
+//     "Copies in"), and event `arrived` recorded
 //     after it. The copies thus start once `compute` has passed the prefetch call (the
 //     mover may wait on the host for a staging slot until then). A prefetch superseded
 //     while it runs copies, but marks nothing arrived. A failed copy in waits for the
@@ -70,9 +79,11 @@
 //     release() returns; queue activation_stash::release after the tensor's other work.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -104,6 +115,8 @@ struct device_stash_options {
     std::size_t chunk_bytes = std::size_t{1} << 20;
     /// Pinned staging buffers (>= 2): copies of one chunk overlap host copies of another.
     std::size_t staging_slots = 2;
+    /// Pinned memory the copies in may hold at once (see "Copies in" in the header).
+    std::size_t arrival_pinned_bytes = std::size_t{256} << 20;
 };
 
 namespace detail {
@@ -436,7 +449,15 @@ private:
             }
             auto bytes = host_.load(e.host);
             copying = true;
-            copy_to_device(dst, bytes, side_, ring_);
+            arrival_buffer& a = arrival_for(bytes.size(), e.label);
+            if (!bytes.empty()) {
+                std::memcpy(a.memory.data(), bytes.data(), bytes.size());
+                check_cuda(cudaMemcpyAsync(dst, a.memory.data(), bytes.size(),
+                                           cudaMemcpyHostToDevice, side_),
+                           "cudaMemcpyAsync", "device_stash: copy in of " + e.label);
+            }
+            check_cuda(cudaEventRecord(a.copied.get(), side_), "cudaEventRecord",
+                       "device_stash: copy in of " + e.label);
             check_cuda(cudaEventRecord(e.arrived, side_), "cudaEventRecord",
                        "device_stash: copy in of " + e.label);
         } catch (...) {
@@ -457,9 +478,51 @@ private:
         cv_.notify_all();
     }
 
+    // A pinned buffer a copy in goes through, and the event recorded after that copy.
+    struct arrival_buffer {
+        pinned_buffer memory;
+        detail::event_owner copied;
+    };
+    // Mover thread only: an arrival buffer of at least n bytes whose last copy has finished
+    // (see "Copies in" in the header comment).
+    arrival_buffer& arrival_for(std::size_t n, const std::string& label) {
+        const std::string what = "device_stash: copy in of " + label;
+        arrival_buffer* oldest_fit = nullptr;
+        for (auto& a : arrivals_) {
+            if (a->memory.size() < n) continue;
+            if (query_done(cudaEventQuery(a->copied.get()), "cudaEventQuery", what)) return *a;
+            if (!oldest_fit) oldest_fit = a.get();
+        }
+        std::size_t held = 0;
+        for (auto& a : arrivals_) held += a->memory.size();
+        const std::size_t size = std::max<std::size_t>(n, 4096);
+        if (held + size > options_.arrival_pinned_bytes) {
+            if (oldest_fit) {
+                check_cuda(cudaEventSynchronize(oldest_fit->copied.get()), "cudaEventSynchronize",
+                           what);
+                return *oldest_fit;
+            }
+            // Replace completed buffers too small for n, oldest first, while over the bound.
+            for (auto it = arrivals_.begin();
+                 it != arrivals_.end() && held + size > options_.arrival_pinned_bytes;) {
+                if (query_done(cudaEventQuery((*it)->copied.get()), "cudaEventQuery", what)) {
+                    held -= (*it)->memory.size();
+                    it = arrivals_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+        spillway::cuda::detail::device_guard guard(options_.device);
+        arrivals_.push_back(std::make_unique<arrival_buffer>(arrival_buffer{
+            pinned_buffer(size), detail::event_owner("device_stash arrival buffer")}));
+        return *arrivals_.back();
+    }
+
     activation_stash<Tier>& host_;
     device_stash_options options_;
-    staging_ring ring_;  // used by the mover thread only
+    staging_ring ring_;                                      // used by the mover thread only
+    std::vector<std::unique_ptr<arrival_buffer>> arrivals_;  // used by the mover thread only
     cudaStream_t side_ = nullptr;
     mutable std::mutex mutex_;
     std::condition_variable cv_;
