@@ -36,6 +36,7 @@
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
 
+#include "cuda/emulated_test_support.hpp"
 #include "cuda/host_cudart.hpp"
 #include "support/random_bytes.hpp"
 #include "support/temp_dir.hpp"
@@ -63,48 +64,11 @@ using spillway::test::conformance::run;
 namespace {
 using spillway::test::device_bytes;
 using spillway::test::to_host;
+using spillway::test::emulated::float_tensor;
+using spillway::test::emulated::gate;
+using spillway::test::emulated::spin;
+using spillway::test::emulated::stream_owner;
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-/// A stand-in for a kernel that runs `ms` milliseconds on `stream`.
-void spin(cudaStream_t stream, int ms) {
-    emu::enqueue(stream, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
-}
-
-/// Holds `stream` until open() (or destruction): work enqueued behind it provably waits.
-class gate {
-public:
-    explicit gate(cudaStream_t stream) {
-        emu::enqueue(stream, [f = open_.get_future().share()] { f.wait(); });
-    }
-    gate(const gate&) = delete;
-    gate& operator=(const gate&) = delete;
-    ~gate() { open(); }
-    void open() {
-        if (!opened_) open_.set_value();
-        opened_ = true;
-    }
-
-private:
-    std::promise<void> open_;
-    bool opened_ = false;
-};
-
-struct stream_owner {
-    stream_owner() { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
-    ~stream_owner() { cudaStreamDestroy(s); }
-    stream_owner(const stream_owner&) = delete;
-    stream_owner& operator=(const stream_owner&) = delete;
-    cudaStream_t s = nullptr;
-};
-
-tensor_desc float_tensor(const std::string& name, std::uint64_t id, std::size_t count) {
-    tensor_desc desc;
-    desc.name = name;
-    desc.storage_id = id;
-    desc.type = dtype::f32;
-    desc.shape = {static_cast<std::int64_t>(count)};
-    return desc;
-}
 
 template <class Tier>
 void staged_round_trips(Tier& tier, std::size_t slots) {

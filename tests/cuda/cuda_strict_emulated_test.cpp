@@ -35,6 +35,7 @@
 #include <spillway/tier/host_tier.hpp>
 
 #include "cuda/device_test_support.hpp"
+#include "cuda/emulated_test_support.hpp"
 #include "cuda/host_cudart.hpp"
 #include "support/random_bytes.hpp"
 
@@ -50,48 +51,10 @@ using spillway::test::device_bytes;
 using spillway::test::to_host;
 
 namespace {
-
-/// Holds `stream` until open() (or destruction): work enqueued behind it provably waits.
-class gate {
-public:
-    explicit gate(cudaStream_t stream) {
-        emu::enqueue(stream, [f = open_.get_future().share()] { f.wait(); });
-    }
-    gate(const gate&) = delete;
-    gate& operator=(const gate&) = delete;
-    ~gate() { open(); }
-    void open() {
-        if (!opened_) open_.set_value();
-        opened_ = true;
-    }
-
-private:
-    std::promise<void> open_;
-    bool opened_ = false;
-};
-
-struct stream_owner {
-    explicit stream_owner(unsigned flags = cudaStreamNonBlocking) {
-        cudaStreamCreateWithFlags(&s, flags);
-    }
-    ~stream_owner() { cudaStreamDestroy(s); }
-    stream_owner(const stream_owner&) = delete;
-    stream_owner& operator=(const stream_owner&) = delete;
-    cudaStream_t s = nullptr;
-};
-
-void spin(cudaStream_t stream, int ms) {
-    emu::enqueue(stream, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
-}
-
-tensor_desc float_tensor(const std::string& name, std::uint64_t id, std::size_t count) {
-    tensor_desc desc;
-    desc.name = name;
-    desc.storage_id = id;
-    desc.type = dtype::f32;
-    desc.shape = {static_cast<std::int64_t>(count)};
-    return desc;
-}
+using spillway::test::emulated::float_tensor;
+using spillway::test::emulated::gate;
+using spillway::test::emulated::spin;
+using spillway::test::emulated::stream_owner;
 
 template <class Future>
 bool finishes_within(Future& f, int ms) {
