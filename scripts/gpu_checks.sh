@@ -138,6 +138,9 @@ make_bundle() {
     echo "carried libraries (DIR/lib):"
     for lib in "$dir"/lib/*; do [ -f "$lib" ] && echo "  $(basename "$lib") $(stat -c %s "$lib") bytes"; done
     echo "allowed from the device machine: glibc, libstdc++, libgcc_s, the driver, the toolkit's cuBLAS"
+    echo "symbol versions needed there: $(objdump -T "$dir"/bin/* "$dir"/lib/* 2> /dev/null |
+      grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1), $(objdump -T "$dir"/bin/* "$dir"/lib/* 2> /dev/null |
+      grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -n 1)"
   } >> "$dir/manifest.txt"
   bytes=$(du -sb "$dir" | cut -f1)
   echo "size: $bytes bytes (limit $max_bundle_bytes)" >> "$dir/manifest.txt"
@@ -189,13 +192,13 @@ run_bundle() {
   tk=$(toolkit_libdir)
   export LD_LIBRARY_PATH="$dir/lib${tk:+:$tk}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   for b in "$dir"/bin/*; do
-    missing=$(ldd "$b" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')
+    missing=$(ldd "$b" 2>&1 | grep 'not found' | sed 's/^[[:space:]]*//' | tr '\n' ' ')
     if [ -n "$missing" ]; then
       if [[ "$missing" == *libcublas* ]]; then
         log "$(basename "$b") needs cuBLAS ($missing), not found in the toolkit's library folder" \
           "(${tk:-none found: set CUDA_HOME to the toolkit}) nor on the loader's path"
       else
-        log "$(basename "$b") cannot load: missing $missing"
+        log "$(basename "$b") cannot load: $missing(the manifest names the glibc and libstdc++ versions it needs)"
       fi
       finish 10
     fi
