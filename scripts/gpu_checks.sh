@@ -32,7 +32,8 @@
 #   2. Check that every binary loads (ldd on the device: DIR/lib, then the toolkit's
 #      library folder for cuBLAS, with a message naming what is missing).
 #   3. tests: each line of DIR/tests.txt; a skip (exit 77) fails the run, since on a machine
-#      with a GPU a skip means the checks did not run. bench: the CUDA benchmark once (one
+#      with a GPU a skip means the checks did not run, and so does a benchmark row that
+#      reports "ERROR OCCURRED" (the benchmark's exit status may still be 0). bench: the CUDA benchmark once (one
 #      repetition, bench_cuda.json); bench3: three repetitions (bench_cuda_r3.json). scale:
 #      gpu_offload with its weights off the device (8 x 8192 resident and in 640 MiB, then
 #      32 x 8192, 2.1 G params, in 2 GiB), reports in scale.log.
@@ -210,7 +211,14 @@ run_bundle() {
     local name target args env
     while IFS='|' read -r target name args env; do
       [ -n "$target" ] || continue
+      local before
+      before=$(stat -c %s "$results/tests.log" 2> /dev/null || echo 0)
       step "$name" tests.log 240 "$env" "$(bin_of "$target")" $args
+      # A benchmark marks a row it could not run "ERROR OCCURRED" and may still exit 0.
+      if [ "$step_rc" -eq 0 ] && tail -c +"$((before + 1))" "$results/tests.log" | grep -q 'ERROR OCCURRED'; then
+        log "$name: a row reports ERROR OCCURRED (tests.log)"
+        step_rc=1
+      fi
       case "$step_rc" in
         0) log "$name: passed" ;;
         77) log "$name: SKIPPED on a machine with a GPU (a failure here)"; fail 4 ;;
@@ -277,10 +285,16 @@ step() {
   fi
 }
 run_bench() {  # run_bench NAME REPETITIONS
+  local before
+  before=$(stat -c %s "$results/bench.log" 2> /dev/null || echo 0)
   step "$1" bench.log 300 "" "$dir/bin/bench_cuda" --benchmark_repetitions="$2" \
     --benchmark_report_aggregates_only="$([ "$2" -gt 1 ] && echo true || echo false)" \
     --benchmark_out="$results/$1.json" --benchmark_out_format=json
   log "bench_cuda, $2 repetition(s): exit status $step_rc -> $1.json"
+  if tail -c +"$((before + 1))" "$results/bench.log" | grep -q 'ERROR OCCURRED'; then
+    log "bench_cuda: a row reports ERROR OCCURRED (bench.log)"
+    step_rc=1
+  fi
   [ "$step_rc" -eq 0 ] || fail 13
 }
 run_offload() {  # run_offload NAME MAX_S ARGS...
