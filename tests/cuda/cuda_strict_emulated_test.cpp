@@ -293,7 +293,7 @@ TEST_CASE(
     while (tier.counters().injected_errors == 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(
-        std::chrono::milliseconds(50));  // the host stash has seen the failed write
+        std::chrono::milliseconds(200));  // the host stash has seen the failed write
     stash.begin_layer(1);  // the host stash reports the failed write here, on the mover thread
     auto h2 = stash.save(float_tensor("mlp.out", 2, count), act.ptr, compute.s);
     try {
