@@ -95,6 +95,7 @@ struct run_options {
     float lr = 0;                         // 0: the default for the width
     std::filesystem::path report;         // the GPU run's report as JSON; empty: none
     bool plan_only = false;               // print the model and the device plan, run nothing
+    int device = 0;                       // the CUDA device of the GPU run
 };
 
 /// The learning rate: --lr, else 2e-3 for one hidden layer of up to 1024 (2e-3 * 1024 / H
@@ -390,12 +391,12 @@ void print_report(const gpu_report& g, const run_options& o, const run_result& r
 template <class Tier>
 run_result run_gpu(const problem& pb, const run_options& o, Tier& optimizer_tier, const std::string& tier_name) {
     const mlp_shape& s = pb.s;
-    sc::check_cuda(cudaSetDevice(0), "cudaSetDevice", "gpu_offload");
+    sc::check_cuda(cudaSetDevice(o.device), "cudaSetDevice", "gpu_offload: --device " + std::to_string(o.device));
     sc::check_cuda(cudaFree(nullptr), "cudaFree", "gpu_offload: creating the context");
     gpu_report rep;
     {
         cudaDeviceProp prop{};
-        sc::check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties", "gpu_offload");
+        sc::check_cuda(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties", "gpu_offload");
         rep.device = prop.name;
     }
     rep.mem_before = device_used(&rep.mem_total);
@@ -422,7 +423,7 @@ run_result run_gpu(const problem& pb, const run_options& o, Tier& optimizer_tier
     {
         file_tier<> activation_tier(dir);
         activation_stash<file_tier<>> host_stash(activation_tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
-        sc::device_stash<file_tier<>> stash(host_stash);
+        sc::device_stash<file_tier<>> stash(host_stash, {.device = o.device});
         cuda_gpu gpu;
         gpu_offload::offloaded_pass<cuda_gpu, sc::device_stash<file_tier<>>> pass(gpu, stash, s, rep.plan, loss_scale);
         rep.allocated = gpu.allocated_bytes();
@@ -504,6 +505,7 @@ constexpr const char* usage =
     "gpu_offload [--steps N] [--mode gpu|cpu|both] [--seed S] [--dir DIR]\n"
     "            [--layers L] [--hidden H] [--in I] [--out O] [--batch B] [--lr LR]\n"
     "            [--device-budget BYTES] [--optimizer-dir DIR] [--report FILE] [--plan-only]\n"
+    "            [--device N]\n"
     "  Trains an MLP of L hidden layers of width H (default 1, 1024; in 256, out 64, batch\n"
     "  64) for N steps (default 20) with AdamW on the CPU (lr default 2e-3, times\n"
     "  1024/H when wider; min(2e-3, 0.1 / (H sqrt(L/2))) for L > 1).\n"
@@ -521,6 +523,7 @@ constexpr const char* usage =
     "  reference of --mode both stays in memory).\n"
     "  --dir DIR: where the device stash writes activations (default: a temporary folder).\n"
     "  --report FILE: the GPU run's report as JSON.\n"
+    "  --device N: the CUDA device of the GPU run (default 0; CUDA_VISIBLE_DEVICES renumbers).\n"
     "  --plan-only: print the model's size and the device plan, then exit (no GPU needed).\n"
     "  Exit status: 0 when the loss dropped (and, with both, the runs agree).";
 
@@ -559,6 +562,7 @@ run_options parse(int argc, char** argv) {
         else if (a == "--optimizer-dir") o.optimizer_dir = value();
         else if (a == "--report") o.report = value();
         else if (a == "--plan-only") o.plan_only = true;
+        else if (a == "--device") o.device = static_cast<int>(std::stoul(value()));
         else if (a == "--help") {
             std::puts(usage);
             std::exit(0);

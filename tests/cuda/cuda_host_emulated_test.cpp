@@ -6,7 +6,7 @@
 // - The emulation keeps stream order, event records and cross-stream waits, and the
 //   per-thread last error, as CUDA specifies them.
 // - device_tier passes the storage_tier conformance suite (pageable and pinned buffers,
-//   decorated, the fault cases); a failed cudaMallocAsync is ENOSPC naming key and size with
+//   decorated, the fault cases); a failed pool allocation is ENOSPC naming key and size with
 //   the previous blob intact; the capacity bound; a failed stream reported by the callback
 //   names key and size.
 // - stage_from_device/stage_to_device round-trip sizes around the chunk size and random ones
@@ -36,6 +36,7 @@
 #include <spillway/tier/file_tier.hpp>
 #include <spillway/tier/host_tier.hpp>
 
+#include "cuda/emulated_test_support.hpp"
 #include "cuda/host_cudart.hpp"
 #include "support/random_bytes.hpp"
 #include "support/temp_dir.hpp"
@@ -43,7 +44,6 @@
 #include "tier/conformance_cases.hpp"
 
 static_assert(spillway::storage_tier<spillway::cuda::device_tier>);
-
 
 SPILLWAY_CONFORMANCE_SUITE(device_factory, throttled_of<device_factory>, faulty_of<device_factory>,
                            device_pinned_factory);
@@ -64,49 +64,11 @@ using spillway::test::conformance::run;
 namespace {
 using spillway::test::device_bytes;
 using spillway::test::to_host;
+using spillway::test::emulated::float_tensor;
+using spillway::test::emulated::gate;
+using spillway::test::emulated::spin;
+using spillway::test::emulated::stream_owner;
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-
-/// A stand-in for a kernel that runs `ms` milliseconds on `stream`.
-void spin(cudaStream_t stream, int ms) {
-    emu::enqueue(stream, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
-}
-
-/// Holds `stream` until open() (or destruction): work enqueued behind it provably waits.
-class gate {
-public:
-    explicit gate(cudaStream_t stream) {
-        emu::enqueue(stream, [f = open_.get_future().share()] { f.wait(); });
-    }
-    gate(const gate&) = delete;
-    gate& operator=(const gate&) = delete;
-    ~gate() { open(); }
-    void open() {
-        if (!opened_) open_.set_value();
-        opened_ = true;
-    }
-
-private:
-    std::promise<void> open_;
-    bool opened_ = false;
-};
-
-struct stream_owner {
-    stream_owner() { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
-    ~stream_owner() { cudaStreamDestroy(s); }
-    stream_owner(const stream_owner&) = delete;
-    stream_owner& operator=(const stream_owner&) = delete;
-    cudaStream_t s = nullptr;
-};
-
-tensor_desc float_tensor(const std::string& name, std::uint64_t id, std::size_t count) {
-    tensor_desc desc;
-    desc.name = name;
-    desc.storage_id = id;
-    desc.type = dtype::f32;
-    desc.shape = {static_cast<std::int64_t>(count)};
-    return desc;
-}
 
 template <class Tier>
 void staged_round_trips(Tier& tier, std::size_t slots) {
@@ -121,10 +83,12 @@ void staged_round_trips(Tier& tier, std::size_t slots) {
         CAPTURE(n);
         auto data = test::random_bytes(n, n + slots);
         device_bytes src(n), dst(n);
-        REQUIRE(cudaMemcpyAsync(src.ptr, data.data(), n, cudaMemcpyHostToDevice, stream.s) == cudaSuccess);
+        REQUIRE(cudaMemcpyAsync(src.ptr, data.data(), n, cudaMemcpyHostToDevice, stream.s) ==
+                cudaSuccess);
         sc::stage_from_device(tier, "blob", src.ptr, n, stream.s, ring);
         CHECK(tier.contains(sc::chunk_key("blob", 0)) == (n > 0));
-        CHECK_FALSE(tier.contains(sc::chunk_key("blob", sc::chunk_count(n, chunk))));  // longer blobs' chunks erased
+        CHECK_FALSE(tier.contains(
+            sc::chunk_key("blob", sc::chunk_count(n, chunk))));  // longer blobs' chunks erased
         sc::stage_to_device(tier, "blob", dst.ptr, n, stream.s, ring);
         cudaStreamSynchronize(stream.s);
         CHECK(to_host(dst) == data);
@@ -156,14 +120,16 @@ void stash_round_trips(Tier& tier) {
     std::vector<sc::device_handle> handles;
     for (int l = 0; l < layers; ++l) {
         acts.emplace_back(count * sizeof(float));
-        originals.push_back(test::random_bytes(count * sizeof(float), 100 + static_cast<std::uint64_t>(l)));
-        cudaMemcpyAsync(acts[l].ptr, originals[l].data(), count * sizeof(float), cudaMemcpyHostToDevice, compute.s);
+        originals.push_back(
+            test::random_bytes(count * sizeof(float), 100 + static_cast<std::uint64_t>(l)));
+        cudaMemcpyAsync(acts[l].ptr, originals[l].data(), count * sizeof(float),
+                        cudaMemcpyHostToDevice, compute.s);
         stash.begin_layer(static_cast<std::uint32_t>(l));
         std::optional<gate> held;
         if (l == 0) held.emplace(compute.s);  // the activation is "still being computed"
-        handles.push_back(
-            stash.save(float_tensor("act" + std::to_string(l), static_cast<std::uint64_t>(l + 1), count), acts[l].ptr,
-                       compute.s));
+        handles.push_back(stash.save(
+            float_tensor("act" + std::to_string(l), static_cast<std::uint64_t>(l + 1), count),
+            acts[l].ptr, compute.s));
         if (l == 0) {
             CHECK_FALSE(stash.copied(handles[0]));  // save() returned; the copy waits for compute
             held->open();
@@ -174,7 +140,8 @@ void stash_round_trips(Tier& tier) {
     stash.flush();  // every tensor on the tier: the loads below read it back (none forwarded)
     const std::size_t total = layers * count * sizeof(float);
     CHECK(host.stats().bytes_offloaded == total);
-    for (auto& a : acts) cudaMemsetAsync(a.ptr, 0, a.size, compute.s);  // the copies in are ordered after these
+    for (auto& a : acts)
+        cudaMemsetAsync(a.ptr, 0, a.size, compute.s);  // the copies in are ordered after these
     stash.start_backward();
     for (int l = layers - 1; l >= 0; --l) {
         if (l > 0) stash.prefetch(handles[l - 1], acts[l - 1].ptr, compute.s);  // one layer ahead
@@ -192,7 +159,9 @@ void stash_round_trips(Tier& tier) {
 
 // ---- the emulation itself ------------------------------------------------------------------
 
-TEST_CASE("host_cudart: stream order, events, cross-stream waits and the last error behave as CUDA specifies") {
+TEST_CASE(
+    "host_cudart: stream order, events, cross-stream waits and the last error behave as CUDA "
+    "specifies") {
     stream_owner a, b;
     cudaEvent_t e = nullptr, never = nullptr;
     REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
@@ -207,11 +176,14 @@ TEST_CASE("host_cudart: stream order, events, cross-stream waits and the last er
         cudaMemcpyAsync(&x, &two, sizeof x, cudaMemcpyDefault, a.s);
         REQUIRE(cudaEventRecord(e, a.s) == cudaSuccess);
         CHECK(cudaEventQuery(e) == cudaErrorNotReady);
-        CHECK(cudaPeekAtLastError() == cudaSuccess);  // not ready is no error
+        CHECK(cudaGetLastError() ==
+              cudaErrorNotReady);  // the runtime keeps a not-ready answer as the last error
         REQUIRE(cudaStreamWaitEvent(b.s, e, 0) == cudaSuccess);
         cudaMemcpyAsync(&y, &x, sizeof y, cudaMemcpyDefault, b.s);  // after the record: reads 2
-        REQUIRE(cudaEventRecord(e, b.s) == cudaSuccess);             // a newer record; b's wait keeps the old one
-        cudaMemcpyAsync(&z, &three, sizeof z, cudaMemcpyDefault, 0);  // the legacy stream is not held by a
+        REQUIRE(cudaEventRecord(e, b.s) ==
+                cudaSuccess);  // a newer record; b's wait keeps the old one
+        cudaMemcpyAsync(&z, &three, sizeof z, cudaMemcpyDefault,
+                        0);  // the legacy stream is not held by a
         cudaStreamSynchronize(0);
         CHECK(z == 3);
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -234,20 +206,24 @@ TEST_CASE("host_cudart: stream order, events, cross-stream waits and the last er
     CHECK(cudaGetDeviceCount(&count) == cudaSuccess);
     CHECK(cudaGetDevice(&device) == cudaSuccess);
     CHECK((count == 1 && device == 0));
-    CHECK(sc::cuda_category().message(cudaErrorMemoryAllocation) == "cudaErrorMemoryAllocation: out of memory");
+    CHECK(sc::cuda_category().message(cudaErrorMemoryAllocation) ==
+          "cudaErrorMemoryAllocation: out of memory");
     CHECK(sc::cuda_category().message(12345) == "cudaError 12345: unrecognized error code");
 }
 
 // ---- device_tier ---------------------------------------------------------------------------
 
-TEST_CASE("device_tier (emulated): a failed cudaMallocAsync is ENOSPC naming key and size; the old blob stays") {
+TEST_CASE(
+    "device_tier (emulated): a failed pool allocation is ENOSPC naming key and size; the old blob "
+    "stays") {
     sc::device_tier tier;
     auto old = test::random_bytes(100, 1);
     REQUIRE(tier.write("k", old).wait() == 100);
     emu::fail_malloc_async(1);
     auto bigger = test::random_bytes(5000, 2);
-    check_system_error(run([&] { return tier.write("k", bigger); }), ENOSPC,
-                       {"'k'", "5000 bytes", "cudaMallocAsync", "cudaErrorMemoryAllocation"});
+    check_system_error(
+        run([&] { return tier.write("k", bigger); }), ENOSPC,
+        {"'k'", "5000 bytes", "cudaMallocFromPoolAsync", "cudaErrorMemoryAllocation"});
     CHECK(cudaPeekAtLastError() == cudaSuccess);  // the allocation error was cleared
     CHECK(tier.size_of("k") == 100u);
     CHECK(tier.used() == 100);
@@ -256,13 +232,15 @@ TEST_CASE("device_tier (emulated): a failed cudaMallocAsync is ENOSPC naming key
     CHECK(back == old);
     // A failed first write leaves no key behind.
     emu::fail_malloc_async(1);
-    check_system_error(run([&] { return tier.write("fresh", bigger); }), ENOSPC, {"'fresh'", "5000 bytes"});
+    check_system_error(run([&] { return tier.write("fresh", bigger); }), ENOSPC,
+                       {"'fresh'", "5000 bytes"});
     CHECK_FALSE(tier.contains("fresh"));
     CHECK(tier.write("fresh", bigger).wait() == 5000);  // the next one succeeds
     CHECK(tier.used() == 5100);
 }
 
-TEST_CASE("device_tier (emulated): writes past capacity are ENOSPC; a rewrite counts the old size once") {
+TEST_CASE(
+    "device_tier (emulated): writes past capacity are ENOSPC; a rewrite counts the old size once") {
     sc::device_tier tier({.capacity = 1000});
     CHECK(tier.capacity() == 1000);
     auto a = test::random_bytes(600, 3);
@@ -307,7 +285,8 @@ TEST_CASE("device_tier (emulated): every blob is freed by the time the tier is g
     const std::size_t before = emu::device_bytes_in_use();
     {
         sc::device_tier tier;
-        for (int i = 0; i < 10; ++i) tier.write("k", test::random_bytes(1000 + static_cast<std::size_t>(i), 7)).wait();
+        for (int i = 0; i < 10; ++i)
+            tier.write("k", test::random_bytes(1000 + static_cast<std::size_t>(i), 7)).wait();
         tier.write("other", test::random_bytes(77, 8)).wait();
         CHECK(tier.device_pointer("other") != nullptr);
         CHECK(tier.device_pointer("absent") == nullptr);
@@ -317,7 +296,9 @@ TEST_CASE("device_tier (emulated): every blob is freed by the time the tier is g
 
 // ---- staged copies -------------------------------------------------------------------------
 
-TEST_CASE("staged transfers (emulated): sizes around the chunk and random ones round-trip through a host and a file tier") {
+TEST_CASE(
+    "staged transfers (emulated): sizes around the chunk and random ones round-trip through a host "
+    "and a file tier") {
     host_tier host;
     staged_round_trips(host, 2);
     test::temp_dir dir("cuda-emu-staged");
@@ -326,10 +307,12 @@ TEST_CASE("staged transfers (emulated): sizes around the chunk and random ones r
     staged_round_trips(files, 3);
 }
 
-TEST_CASE("copy_to_device and copy_from_device (emulated): pageable memory through the ring, exact") {
+TEST_CASE(
+    "copy_to_device and copy_from_device (emulated): pageable memory through the ring, exact") {
     sc::staging_ring ring(64 * 1024, 2);
     stream_owner s;
-    for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{64 * 1024}, std::size_t{1000003}}) {
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{7}, std::size_t{64 * 1024}, std::size_t{1000003}}) {
         CAPTURE(n);
         auto data = test::random_bytes(n, n);
         device_bytes dev(n);
@@ -340,7 +323,9 @@ TEST_CASE("copy_to_device and copy_from_device (emulated): pageable memory throu
     }
 }
 
-TEST_CASE("staging ring on two streams (emulated): a device-to-host copy waits for the earlier call's copy out of the slot") {
+TEST_CASE(
+    "staging ring on two streams (emulated): a device-to-host copy waits for the earlier call's "
+    "copy out of the slot") {
     const std::size_t chunk = 64 * 1024, n = 2 * chunk;  // one chunk per slot
     sc::staging_ring ring(chunk, 2);
     stream_owner a, b;
@@ -376,7 +361,8 @@ TEST_CASE("staging ring on two streams (emulated): a device-to-host copy waits f
 
 // ---- device_stash --------------------------------------------------------------------------
 
-TEST_CASE("device_stash (emulated): save, wait_copied, prefetch, load and release round-trip exactly") {
+TEST_CASE(
+    "device_stash (emulated): save, wait_copied, prefetch, load and release round-trip exactly") {
     SUBCASE("host tier") {
         host_tier tier;
         stash_round_trips(tier);
@@ -388,9 +374,12 @@ TEST_CASE("device_stash (emulated): save, wait_copied, prefetch, load and releas
     }
 }
 
-TEST_CASE("device_stash (emulated): a prefetch never writes its destination after release() or after a newer prefetch's load()") {
+TEST_CASE(
+    "device_stash (emulated): a prefetch never writes its destination after release() or after a "
+    "newer prefetch's load()") {
     host_tier tier;
-    activation_stash<host_tier> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    activation_stash<host_tier> host(tier,
+                                     {.keep_below_bytes = 4096, .split = split_mode::offload_all});
     sc::device_stash<host_tier> stash(host, {.chunk_bytes = 64 * 1024});
     stream_owner compute;
     const std::size_t count = 100000;
@@ -399,8 +388,9 @@ TEST_CASE("device_stash (emulated): a prefetch never writes its destination afte
     device_bytes act(n), dst(n);
     cudaMemcpyAsync(act.ptr, original.data(), n, cudaMemcpyHostToDevice, compute.s);
     auto save = [&](int id) {
-        auto h = stash.save(float_tensor("t" + std::to_string(id), static_cast<std::uint64_t>(id), count), act.ptr,
-                            compute.s);
+        auto h = stash.save(
+            float_tensor("t" + std::to_string(id), static_cast<std::uint64_t>(id), count), act.ptr,
+            compute.s);
         stash.wait_copied(h);
         return h;
     };
@@ -434,10 +424,14 @@ TEST_CASE("device_stash (emulated): a prefetch never writes its destination afte
     stash.flush();
 }
 
-TEST_CASE("device_stash (emulated): a copy in runs after the compute work enqueued before its prefetch or load") {
+TEST_CASE(
+    "device_stash (emulated): a copy in runs after the compute work enqueued before its prefetch "
+    "or load") {
     host_tier tier;
-    activation_stash<host_tier> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
-    sc::device_stash<host_tier> stash(host, {.chunk_bytes = 64 * 1024});  // 7 chunks through 2 slots
+    activation_stash<host_tier> host(tier,
+                                     {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<host_tier> stash(host,
+                                      {.chunk_bytes = 64 * 1024});  // 7 chunks through 2 slots
     stream_owner compute;
     const std::size_t count = 100000;
     const std::size_t n = count * sizeof(float);
@@ -456,7 +450,8 @@ TEST_CASE("device_stash (emulated): a copy in runs after the compute work enqueu
         gate held(compute.s);
         cudaMemsetAsync(dst.ptr, 0xAB, n, compute.s);
         stash.prefetch(h, dst.ptr, compute.s);  // returns with compute still held
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // give a wrong copy time to land early
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(20));  // give a wrong copy time to land early
         held.open();
     }
     stash.load(h, dst.ptr, compute.s);

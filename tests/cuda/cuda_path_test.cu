@@ -61,7 +61,6 @@ using spillway::test::device_bytes;
 using spillway::test::to_host;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-
 /// Spins on the GPU for about `ms` milliseconds (makes "the host did not wait" observable).
 __global__ void spin_kernel(long long cycles) {
     long long start = clock64();
@@ -101,7 +100,8 @@ void staged_round_trips(Tier& tier, std::size_t slots) {
         cudaMemcpyAsync(src.ptr, data.data(), n, cudaMemcpyHostToDevice, stream);
         sc::stage_from_device(tier, "blob", src.ptr, n, stream, ring);
         CHECK(tier.contains(sc::chunk_key("blob", 0)) == (n > 0));
-        CHECK_FALSE(tier.contains(sc::chunk_key("blob", sc::chunk_count(n, MiB))));  // longer blobs' chunks erased
+        CHECK_FALSE(tier.contains(
+            sc::chunk_key("blob", sc::chunk_count(n, MiB))));  // longer blobs' chunks erased
         sc::stage_to_device(tier, "blob", dst.ptr, n, stream, ring);
         cudaStreamSynchronize(stream);
         CHECK(to_host(dst) == data);
@@ -122,7 +122,9 @@ void staged_round_trips(Tier& tier, std::size_t slots) {
 }
 }  // namespace
 
-TEST_CASE("pinned_allocator and host_registration: pinned vectors, registered file-tier reads go straight to the GPU") {
+TEST_CASE(
+    "pinned_allocator and host_registration: pinned vectors, registered file-tier reads go "
+    "straight to the GPU") {
     std::vector<float, sc::pinned_allocator<float>> v(1000, 2.5f);
     CHECK(v[999] == 2.5f);
     cudaPointerAttributes attr{};
@@ -170,7 +172,8 @@ TEST_CASE("copy_to_device and copy_from_device: pageable memory through the ring
     sc::staging_ring ring(64 * 1024, 2);
     cudaStream_t s;
     cudaStreamCreate(&s);
-    for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{64 * 1024}, std::size_t{1000003}}) {
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{7}, std::size_t{64 * 1024}, std::size_t{1000003}}) {
         auto data = test::random_bytes(n, n);
         device_bytes dev(n);
         sc::copy_to_device(dev.ptr, data, s, ring);
@@ -181,7 +184,9 @@ TEST_CASE("copy_to_device and copy_from_device: pageable memory through the ring
     cudaStreamDestroy(s);
 }
 
-TEST_CASE("staging ring on two streams: a device-to-host copy waits for the earlier call's copy out of the slot") {
+TEST_CASE(
+    "staging ring on two streams: a device-to-host copy waits for the earlier call's copy out of "
+    "the slot") {
     const std::size_t chunk = 64 * 1024, n = 2 * chunk;  // one chunk per slot
     sc::staging_ring ring(chunk, 2);
     cudaStream_t a, b;
@@ -205,7 +210,8 @@ TEST_CASE("staging ring on two streams: a device-to-host copy waits for the earl
     {  // staged copies: stage_to_device on a, then stage_from_device on b
         host_tier tier;
         device_bytes staged(n), dst(n);
-        cudaMemcpyAsync(staged.ptr, first.data(), n, cudaMemcpyHostToDevice, a);  // on a, which reads it
+        cudaMemcpyAsync(staged.ptr, first.data(), n, cudaMemcpyHostToDevice,
+                        a);  // on a, which reads it
         sc::stage_from_device(tier, "first", staged.ptr, n, a, ring);
         spin(a, 200);
         sc::stage_to_device(tier, "first", dst.ptr, n, a, ring);
@@ -221,7 +227,9 @@ TEST_CASE("staging ring on two streams: a device-to-host copy waits for the earl
     cudaStreamDestroy(b);
 }
 
-TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical to the CPU, the norm within 1e-12") {
+TEST_CASE(
+    "thrust optimizer kernels on the GPU: AdamW and the cast bit-identical to the CPU, the norm "
+    "within 1e-12") {
     constexpr std::size_t n = (std::size_t{1} << 20) + 33;
     std::mt19937 rng(21);
     std::normal_distribution<float> d(0.0f, 1.0f);
@@ -239,13 +247,17 @@ TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical
         for (auto& x : g) x = from_float<float16>(d(rng) * 64.0f);
         thrust::device_vector<float16> dg(g);
         adamw_step_args args{.step = step, .grad_scale = 64.0f};
-        REQUIRE(spillway::adamw_step<float16, bfloat16>(config, args, p, m, v, g, copy) == step_result::applied);
-        REQUIRE(sc::adamw_step(pol, config, args, std::span<float>(thrust::raw_pointer_cast(dp.data()), n),
+        REQUIRE(spillway::adamw_step<float16, bfloat16>(config, args, p, m, v, g, copy) ==
+                step_result::applied);
+        REQUIRE(sc::adamw_step(pol, config, args,
+                               std::span<float>(thrust::raw_pointer_cast(dp.data()), n),
                                std::span<float>(thrust::raw_pointer_cast(dm.data()), n),
                                std::span<float>(thrust::raw_pointer_cast(dv.data()), n),
                                std::span<const float16>(thrust::raw_pointer_cast(dg.data()), n),
-                               std::span<bfloat16>(thrust::raw_pointer_cast(dcopy.data()), n)) == step_result::applied);
-        auto check = sc::check_gradients(pol, std::span<const float16>(thrust::raw_pointer_cast(dg.data()), n), 64.0f);
+                               std::span<bfloat16>(thrust::raw_pointer_cast(dcopy.data()), n)) ==
+                step_result::applied);
+        auto check = sc::check_gradients(
+            pol, std::span<const float16>(thrust::raw_pointer_cast(dg.data()), n), 64.0f);
         long double ref = 0;
         for (auto x : g) ref += static_cast<long double>(to_float(x) / 64.0) * (to_float(x) / 64.0);
         CHECK(std::fabs(static_cast<long double>(check.sum_squares) - ref) <= 1e-12L * ref);
@@ -273,7 +285,9 @@ TEST_CASE("thrust optimizer kernels on the GPU: AdamW and the cast bit-identical
     cudaStreamDestroy(s);
 }
 
-TEST_CASE("stream_policy: the same norm, scan and step as par.on, and a gradient scan does not wait for another stream") {
+TEST_CASE(
+    "stream_policy: the same norm, scan and step as par.on, and a gradient scan does not wait for "
+    "another stream") {
     constexpr std::size_t n = (std::size_t{1} << 20) + 7;
     std::mt19937 rng(5);
     std::normal_distribution<float> d(0.0f, 1.0f);
@@ -305,18 +319,18 @@ TEST_CASE("stream_policy: the same norm, scan and step as par.on, and a gradient
     // bit-identically under both policies.
     adamw_config config{.lr = 1e-3f, .weight_decay = 0.01f};
     adamw_step_args args{.step = 1, .grad_scale = 64.0f};
-    CHECK(sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1), const_span_of(dbad)) ==
-          step_result::skipped_overflow);
-    CHECK(sc::adamw_step(legacy, config, args, span_of(p2), span_of(m2), span_of(v2), const_span_of(dbad)) ==
-          step_result::skipped_overflow);
+    CHECK(sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1),
+                         const_span_of(dbad)) == step_result::skipped_overflow);
+    CHECK(sc::adamw_step(legacy, config, args, span_of(p2), span_of(m2), span_of(v2),
+                         const_span_of(dbad)) == step_result::skipped_overflow);
     cudaStreamSynchronize(a);
     std::vector<float> h1(n), h2(n);
     thrust::copy(p1.begin(), p1.end(), h1.begin());
     CHECK(std::memcmp(h1.data(), p.data(), n * sizeof(float)) == 0);
-    CHECK(sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1), const_span_of(dg)) ==
-          step_result::applied);
-    CHECK(sc::adamw_step(legacy, config, args, span_of(p2), span_of(m2), span_of(v2), const_span_of(dg)) ==
-          step_result::applied);
+    CHECK(sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1),
+                         const_span_of(dg)) == step_result::applied);
+    CHECK(sc::adamw_step(legacy, config, args, span_of(p2), span_of(m2), span_of(v2),
+                         const_span_of(dg)) == step_result::applied);
     cudaStreamSynchronize(a);  // stream_policy's update returns before it has run
     thrust::copy(p1.begin(), p1.end(), h1.begin());
     thrust::copy(p2.begin(), p2.end(), h2.begin());
@@ -331,11 +345,12 @@ TEST_CASE("stream_policy: the same norm, scan and step as par.on, and a gradient
     spin(b, 500);
     const auto t0 = std::chrono::steady_clock::now();
     const auto during = sc::check_gradients(ordered, const_span_of(dg), 64.0f);
-    const bool scan_applied = sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1),
-                                             const_span_of(dg)) == step_result::applied;
+    const bool scan_applied =
+        sc::adamw_step(ordered, config, args, span_of(p1), span_of(m1), span_of(v1),
+                       const_span_of(dg)) == step_result::applied;
     cudaStreamSynchronize(a);
     const double ms = ms_since(t0);
-    const bool b_busy = cudaStreamQuery(b) == cudaErrorNotReady;
+    const bool b_busy = !sc::query_done(cudaStreamQuery(b), "cudaStreamQuery", "stream b");
     INFO("the scan and the step on stream a took " << ms << " ms; a 500 ms spin runs on stream b");
     CHECK(b_busy);
     CHECK(ms < 250);
@@ -346,10 +361,12 @@ TEST_CASE("stream_policy: the same norm, scan and step as par.on, and a gradient
     cudaStreamDestroy(b);
 }
 
-TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through a file tier, prefetch") {
+TEST_CASE(
+    "device_stash: compute never waits, tensors round-trip exactly through a file tier, prefetch") {
     test::temp_dir dir("cuda-stash");
     file_tier<> tier(dir.path());
-    activation_stash<file_tier<>> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    activation_stash<file_tier<>> host(
+        tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
     sc::device_stash<file_tier<>> stash(host, {.chunk_bytes = 256 * 1024});
     cudaStream_t compute;
     cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
@@ -362,7 +379,8 @@ TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through
     for (int l = 0; l < layers; ++l) {
         acts.emplace_back(count * sizeof(float));
         originals.push_back(test::random_bytes(count * sizeof(float), 100 + l));
-        cudaMemcpyAsync(acts[l].ptr, originals[l].data(), count * sizeof(float), cudaMemcpyHostToDevice, compute);
+        cudaMemcpyAsync(acts[l].ptr, originals[l].data(), count * sizeof(float),
+                        cudaMemcpyHostToDevice, compute);
         stash.begin_layer(static_cast<std::uint32_t>(l));
         if (l == 0) spin(compute, 200);  // the activation is "still being computed"
         tensor_desc desc;
@@ -372,7 +390,8 @@ TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through
         desc.shape = {static_cast<std::int64_t>(count)};
         auto t0 = std::chrono::steady_clock::now();
         handles.push_back(stash.save(desc, acts[l].ptr, compute));
-        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                        .count();
         CHECK(ms < 50);  // returned while the GPU is still spinning
         if (l == 0) CHECK_FALSE(stash.copied(handles[0]));
         stash.end_layer();
@@ -396,9 +415,12 @@ TEST_CASE("device_stash: compute never waits, tensors round-trip exactly through
     cudaStreamDestroy(compute);
 }
 
-TEST_CASE("device_stash: a prefetch never writes its destination after release() or after a newer prefetch's load()") {
+TEST_CASE(
+    "device_stash: a prefetch never writes its destination after release() or after a newer "
+    "prefetch's load()") {
     host_tier tier;
-    activation_stash<host_tier> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    activation_stash<host_tier> host(tier,
+                                     {.keep_below_bytes = 4096, .split = split_mode::offload_all});
     sc::device_stash<host_tier> stash(host, {.chunk_bytes = 64 * 1024});
     cudaStream_t compute;
     cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
@@ -406,7 +428,8 @@ TEST_CASE("device_stash: a prefetch never writes its destination after release()
     const std::size_t n = count * sizeof(float);
     const auto original = test::random_bytes(n, 77);
     device_bytes act(n), dst(n);
-    cudaMemcpyAsync(act.ptr, original.data(), n, cudaMemcpyHostToDevice, compute);  // save() orders after compute
+    cudaMemcpyAsync(act.ptr, original.data(), n, cudaMemcpyHostToDevice,
+                    compute);  // save() orders after compute
     auto save = [&](int id) {
         tensor_desc desc;
         desc.name = "t" + std::to_string(id);
@@ -450,10 +473,13 @@ TEST_CASE("device_stash: a prefetch never writes its destination after release()
     cudaStreamDestroy(compute);
 }
 
-TEST_CASE("device_stash: a copy in runs after the compute work enqueued before its prefetch or load") {
+TEST_CASE(
+    "device_stash: a copy in runs after the compute work enqueued before its prefetch or load") {
     host_tier tier;
-    activation_stash<host_tier> host(tier, {.keep_below_bytes = 4096, .split = split_mode::offload_all});
-    sc::device_stash<host_tier> stash(host, {.chunk_bytes = 64 * 1024});  // 7 chunks through 2 slots
+    activation_stash<host_tier> host(tier,
+                                     {.keep_below_bytes = 4096, .split = split_mode::offload_all});
+    sc::device_stash<host_tier> stash(host,
+                                      {.chunk_bytes = 64 * 1024});  // 7 chunks through 2 slots
     cudaStream_t compute;
     cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
     const std::size_t count = 100000;  // floats

@@ -26,7 +26,6 @@
 #include "cuda/device_test_support.hpp"
 #include "tier/conformance_cases.hpp"
 
-
 SPILLWAY_CONFORMANCE_SUITE(device_factory, throttled_of<device_factory>, faulty_of<device_factory>,
                            device_pinned_factory);
 SPILLWAY_CONFORMANCE_FAULT_SUITE(device_factory, device_pinned_factory);
@@ -37,6 +36,14 @@ using spillway::bfloat16;
 using spillway::to_float;
 using spillway::test::conformance::MiB;
 namespace test = spillway::test;
+
+// widen() on the CUDA backend runs on a stream the caller names: an overload without one would
+// run on the legacy default stream, unordered with the library's non-blocking streams.
+template <class Half>
+concept widen_without_stream = requires(std::span<const Half> in, std::span<float> out) {
+    spillway::cuda::widen(in, out);
+};
+static_assert(!widen_without_stream<bfloat16>);
 
 TEST_CASE("pinned_buffer: allocation, moves, and a clear error for an impossible size") {
     spillway::cuda::pinned_buffer a(3 * 4096 + 5);
@@ -53,7 +60,8 @@ TEST_CASE("pinned_buffer: allocation, moves, and a clear error for an impossible
         FAIL("a 4 PiB pinned allocation succeeded");
     } catch (const std::system_error& e) {
         CHECK(&e.code().category() == &spillway::cuda::cuda_category());
-        CHECK(std::string(e.what()).find(std::to_string(std::size_t{1} << 52)) != std::string::npos);
+        CHECK(std::string(e.what()).find(std::to_string(std::size_t{1} << 52)) !=
+              std::string::npos);
         CHECK(std::string(e.what()).find("cudaHostAlloc") != std::string::npos);
     }
     // The failure was reported once, by the exception: the thread's last error is clear, so
@@ -78,7 +86,9 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-TEST_CASE("device_tier: with pinned buffers write() and read() return while the stream is busy; a pageable read() waits") {
+TEST_CASE(
+    "device_tier: with pinned buffers write() and read() return while the stream is busy; a "
+    "pageable read() waits") {
     constexpr double spin_ms = 300;
     const unsigned long long spin_ns = static_cast<unsigned long long>(spin_ms * 1e6);
     spillway::cuda::device_tier tier;
@@ -100,8 +110,8 @@ TEST_CASE("device_tier: with pinned buffers write() and read() return while the 
     CHECK_FALSE(w.ready());
     CHECK(w.wait() == n);
     const double write_total_ms = ms_since(t0);
-    MESSAGE("pinned write: returned after " << write_ms << " ms, done after " << write_total_ms << " ms (spin "
-                                            << spin_ms << " ms)");
+    MESSAGE("pinned write: returned after " << write_ms << " ms, done after " << write_total_ms
+                                            << " ms (spin " << spin_ms << " ms)");
     CHECK(write_total_ms > spin_ms / 2);  // the spin did hold the copy back
     CHECK(write_ms < spin_ms / 4);
 
@@ -112,7 +122,8 @@ TEST_CASE("device_tier: with pinned buffers write() and read() return while the 
     const double read_ms = ms_since(t0);
     CHECK(r.wait() == n);
     const double read_total_ms = ms_since(t0);
-    MESSAGE("pinned read: returned after " << read_ms << " ms, done after " << read_total_ms << " ms");
+    MESSAGE("pinned read: returned after " << read_ms << " ms, done after " << read_total_ms
+                                           << " ms");
     CHECK(read_total_ms > spin_ms / 2);
     CHECK(read_ms < spin_ms / 4);
     CHECK(std::memcmp(out.data(), data.data(), n) == 0);
@@ -140,11 +151,14 @@ TEST_CASE("device_tier: with pinned buffers write() and read() return while the 
     CHECK(back == data);
 }
 
-TEST_CASE("host_registration: read_only where the device supports it, portable otherwise; registered either way") {
+TEST_CASE(
+    "host_registration: read_only where the device supports it, portable otherwise; registered "
+    "either way") {
     int device = 0;
     REQUIRE(cudaGetDevice(&device) == cudaSuccess);
     int supported = 0;
-    REQUIRE(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, device) ==
+            cudaSuccess);
     MESSAGE("cudaDevAttrHostRegisterReadOnlySupported on device " << device << ": " << supported);
     constexpr std::size_t n = MiB + 5;
     spillway::cuda::registered_buffer buf(n, spillway::cuda::registration_mode::read_only);
@@ -162,9 +176,11 @@ TEST_CASE("host_registration: read_only where the device supports it, portable o
     auto data = test::random_bytes(n, 12);
     std::memcpy(buf.data(), data.data(), n);
     thrust::device_vector<unsigned char> dev(n);
-    REQUIRE(cudaMemcpy(thrust::raw_pointer_cast(dev.data()), buf.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(thrust::raw_pointer_cast(dev.data()), buf.data(), n,
+                       cudaMemcpyHostToDevice) == cudaSuccess);
     std::vector<std::byte> back(n);
-    REQUIRE(cudaMemcpy(back.data(), thrust::raw_pointer_cast(dev.data()), n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(back.data(), thrust::raw_pointer_cast(dev.data()), n,
+                       cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(back == data);
 }
 
@@ -192,15 +208,16 @@ TEST_CASE("thrust widen on the GPU: a bf16 blob in the device tier becomes scale
     thrust::device_vector<float> out(n);
     const auto* dev = static_cast<const bfloat16*>(tier.device_pointer("grads"));
     const float scale = 1.0f / 1024;
-    spillway::cuda::widen(spillway::cuda::stream_policy(tier.stream()), std::span<const bfloat16>(dev, n),
-                std::span<float>(thrust::raw_pointer_cast(out.data()), n), scale);
+    spillway::cuda::widen(tier.stream(), std::span<const bfloat16>(dev, n),
+                          std::span<float>(thrust::raw_pointer_cast(out.data()), n), scale);
     cudaStreamSynchronize(tier.stream());
     std::vector<float> host(n);
     thrust::copy(out.begin(), out.end(), host.begin());
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) {
         float want = to_float(grads[i]) * scale;
-        bool same = std::isnan(want) ? std::isnan(host[i]) : std::memcmp(&want, &host[i], sizeof want) == 0;
+        bool same =
+            std::isnan(want) ? std::isnan(host[i]) : std::memcmp(&want, &host[i], sizeof want) == 0;
         if (!same) ++bad;
     }
     CHECK(bad == 0);

@@ -15,6 +15,10 @@
 //   Thrust and CUB check cudaPeekAtLastError after each launch, and would otherwise report
 //   a caught failure again as their own. A sticky error (a corrupted context) stays; the
 //   runtime cannot clear it.
+// - query_done() reads the answer of a non-blocking query (cudaEventQuery,
+//   cudaStreamQuery). The runtime keeps a not-ready answer as the thread's last error, so
+//   query_done() clears it: every poll in the library goes through it, and the next Thrust
+//   or CUB launch on the thread does not throw "device not ready".
 // Needs the CUDA runtime headers (nvcc or -I<cuda>/include).
 #pragma once
 
@@ -42,7 +46,8 @@ public:
         for (int v = 0; v <= last; ++v) {
             const auto err = static_cast<cudaError_t>(v);
             std::string name = cudaGetErrorName(err);
-            if (name != unknown) messages_[static_cast<std::size_t>(v)] = name + ": " + cudaGetErrorString(err);
+            if (name != unknown)
+                messages_[static_cast<std::size_t>(v)] = name + ": " + cudaGetErrorString(err);
         }
         unknown_text_ = cudaGetErrorString(static_cast<cudaError_t>(last + 1));
         if (clear_after) cudaGetLastError();
@@ -72,7 +77,8 @@ inline const std::error_category& cuda_category() {
 /// std::system_error(err, cuda_category()) with "<what>: <call> failed" as message (what()
 /// then appends the CUDA error's name and text). Leaves the thread's last error alone and
 /// makes no CUDA call once cuda_category() exists: for stream callbacks.
-[[nodiscard]] inline std::system_error make_cuda_error(cudaError_t err, std::string_view call, std::string_view what) {
+[[nodiscard]] inline std::system_error make_cuda_error(cudaError_t err, std::string_view call,
+                                                       std::string_view what) {
     std::string msg(what);
     msg += ": ";
     msg += call;
@@ -82,7 +88,8 @@ inline const std::error_category& cuda_category() {
 
 /// Clears the thread's last error (cudaGetLastError), then throws make_cuda_error(err, call,
 /// what). Not for stream callbacks: use make_cuda_error there.
-[[noreturn]] inline void throw_cuda_error(cudaError_t err, std::string_view call, std::string_view what) {
+[[noreturn]] inline void throw_cuda_error(cudaError_t err, std::string_view call,
+                                          std::string_view what) {
     cudaGetLastError();  // the failure is reported here; the next Thrust launch must not see it
     throw make_cuda_error(err, call, what);
 }
@@ -90,6 +97,19 @@ inline const std::error_category& cuda_category() {
 /// Throws (see throw_cuda_error) unless err is cudaSuccess.
 inline void check_cuda(cudaError_t err, std::string_view call, std::string_view what) {
     if (err != cudaSuccess) throw_cuda_error(err, call, what);
+}
+
+/// The answer of a non-blocking query `call` (cudaEventQuery, cudaStreamQuery): true for
+/// cudaSuccess (the work is done), false for cudaErrorNotReady, which it clears from the
+/// thread's last error; any other error throws (see throw_cuda_error).
+[[nodiscard]] inline bool query_done(cudaError_t err, std::string_view call,
+                                     std::string_view what) {
+    if (err == cudaErrorNotReady) {
+        cudaGetLastError();  // the runtime recorded "not ready" as the last error
+        return false;
+    }
+    check_cuda(err, call, what);
+    return true;
 }
 
 }  // namespace spillway::cuda

@@ -30,6 +30,22 @@
 //   `stream` after the call. Misuse of a handle (empty, released) is
 //   std::invalid_argument naming the tensor; a failed copy or tier error is rethrown by
 //   wait_copied() and load() with the tensor named.
+// - No exception leaves the mover thread. A job that fails for a tensor (its copy out or
+//   in) keeps the error with the tensor, as above. A job that fails for the host stash as a
+//   whole (a layer scope, start_backward, a release: the host stash reports a failed tier
+//   write there, e.g. a full disk) keeps its error for the stash: the next wait_copied(),
+//   prefetch(), load() or flush() throws it once, with the tensor it was called for (or
+//   flush) and the job named in front; the stash and the tier go on working.
+// - Copies in are enqueued, not waited for: the mover copies the tensor's host bytes into
+//   a pinned arrival buffer of its own and enqueues one copy from it, recording the
+//   buffer's event after it; a buffer is reused only once its event has completed (polled
+//   with query_done, never waited for while another one fits). So load() blocks the host
+//   while the bytes come from the tier and are copied on the host, never for the PCIe
+//   transfer. The arrival buffers hold at most options.arrival_pinned_bytes; beyond that
+//   the mover waits for the oldest buffer large enough, or replaces a completed one, and a
+//   tensor larger than the bound gets a buffer of its own size.
+// - Every event and stream of the stash belongs to options.device, whichever device is
+//   current when a call is made; the compute streams passed in must belong to it too.
 // - Thread-safe, like the host stash. The host stash must outlive the device_stash; it may
 //   be used directly for host tensors at the same time.
 //
@@ -46,7 +62,8 @@
 //     whose tensor was released. Otherwise, still under the lock it checked that with (so
 //     `dst_free` holds this prefetch's record, not a newer one's), it makes the side stream
 //     wait for `dst_free`; then activation_stash::load (a tier read if the tensor was
-//     offloaded), copy_to_device into dst on the side stream, and event `arrived` recorded
+//     offloaded), the copy into dst through an arrival buffer on the side stream (see
+//     "Copies in"), and event `arrived` recorded
 //     after it. The copies thus start once `compute` has passed the prefetch call (the
 //     mover may wait on the host for a staging slot until then). A prefetch superseded
 //     while it runs copies, but marks nothing arrived. A failed copy in waits for the
@@ -62,9 +79,11 @@
 //     release() returns; queue activation_stash::release after the tensor's other work.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -96,6 +115,8 @@ struct device_stash_options {
     std::size_t chunk_bytes = std::size_t{1} << 20;
     /// Pinned staging buffers (>= 2): copies of one chunk overlap host copies of another.
     std::size_t staging_slots = 2;
+    /// Pinned memory the copies in may hold at once (see "Copies in" in the header).
+    std::size_t arrival_pinned_bytes = std::size_t{256} << 20;
 };
 
 namespace detail {
@@ -105,18 +126,19 @@ struct device_entry {
     std::string label;
     std::size_t nbytes = 0;
     const void* source = nullptr;
-    cudaEvent_t produced = nullptr;  // recorded on the compute stream by save()
-    cudaEvent_t arrived = nullptr;   // recorded on the side stream after the copy in
-    cudaEvent_t dst_free = nullptr;  // recorded on the compute stream by the newest prefetch
-    stash_handle host;               // the host stash's handle, once copied
-    bool copied = false;             // step 2 finished (or failed: error)
-    std::exception_ptr error;        // why step 2 failed
+    cudaEvent_t produced = nullptr;   // recorded on the compute stream by save()
+    cudaEvent_t arrived = nullptr;    // recorded on the side stream after the copy in
+    cudaEvent_t dst_free = nullptr;   // recorded on the compute stream by the newest prefetch
+    stash_handle host;                // the host stash's handle, once copied
+    bool copied = false;              // step 2 finished (or failed: error)
+    std::exception_ptr error;         // why step 2 failed
     void* prefetch_target = nullptr;  // where the last prefetch copies to
-    std::uint64_t prefetch_generation = 0;  // bumped by every prefetch: only the newest one's job acts
-    bool arrival_enqueued = false;    // the newest prefetch's copies are on the side stream
-    std::exception_ptr load_error;    // why the newest prefetch failed
-    bool copying_in = false;          // the mover runs a prefetch of this tensor (step 3)
-    bool copies_unwaited = false;     // copies in were enqueued that no load() made a stream wait for
+    std::uint64_t prefetch_generation =
+        0;                          // bumped by every prefetch: only the newest one's job acts
+    bool arrival_enqueued = false;  // the newest prefetch's copies are on the side stream
+    std::exception_ptr load_error;  // why the newest prefetch failed
+    bool copying_in = false;        // the mover runs a prefetch of this tensor (step 3)
+    bool copies_unwaited = false;   // copies in were enqueued that no load() made a stream wait for
     bool released = false;
     ~device_entry() {
         if (produced) cudaEventDestroy(produced);  // deferred by CUDA until pending waits end
@@ -155,7 +177,8 @@ public:
     explicit device_stash(activation_stash<Tier>& host, device_stash_options options = {})
         : host_(host), options_(options), ring_(make_ring(options)) {
         spillway::cuda::detail::device_guard guard(options_.device);
-        check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+        check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags",
                    "device_stash: side stream on device " + std::to_string(options_.device));
         mover_ = std::thread([this] { run_mover(); });
         spillway::detail::name_thread(mover_, "spw-device-move");
@@ -177,11 +200,12 @@ public:
 
     /// Opens layer scope `layer` in the host stash (in order with the saves queued before).
     void begin_layer(std::uint32_t layer) {
-        enqueue([this, layer] { host_.begin_layer(layer); });
+        enqueue([this, layer] { host_.begin_layer(layer); },
+                "begin_layer(" + std::to_string(layer) + ")");
     }
     /// Closes the innermost layer scope (in order with the saves queued before).
     void end_layer() {
-        enqueue([this] { host_.end_layer(); });
+        enqueue([this] { host_.end_layer(); }, "end_layer");
     }
 
     /// Saves the device tensor at device_ptr (extent_bytes(desc) bytes) once the work queued
@@ -189,19 +213,23 @@ public:
     /// The caller keeps the device bytes unchanged until copied(). Throws
     /// std::invalid_argument for a malformed description, std::system_error
     /// (cuda_category()) when the event cannot be recorded.
-    [[nodiscard]] device_handle save(const tensor_desc& desc, const void* device_ptr, cudaStream_t compute) {
+    [[nodiscard]] device_handle save(const tensor_desc& desc, const void* device_ptr,
+                                     cudaStream_t compute) {
         auto e = std::make_shared<detail::device_entry>();
         e->nbytes = extent_bytes(desc);
         e->desc = desc;
         e->label = describe(desc);
         e->source = device_ptr;
-        check_cuda(cudaEventCreateWithFlags(&e->produced, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+        spillway::cuda::detail::device_guard guard(
+            options_.device);  // the events belong to the tensors' device
+        check_cuda(cudaEventCreateWithFlags(&e->produced, cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags", "device_stash::save of " + e->label);
+        check_cuda(cudaEventCreateWithFlags(&e->arrived, cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags", "device_stash::save of " + e->label);
+        check_cuda(cudaEventCreateWithFlags(&e->dst_free, cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags", "device_stash::save of " + e->label);
+        check_cuda(cudaEventRecord(e->produced, compute), "cudaEventRecord",
                    "device_stash::save of " + e->label);
-        check_cuda(cudaEventCreateWithFlags(&e->arrived, cudaEventDisableTiming), "cudaEventCreateWithFlags",
-                   "device_stash::save of " + e->label);
-        check_cuda(cudaEventCreateWithFlags(&e->dst_free, cudaEventDisableTiming), "cudaEventCreateWithFlags",
-                   "device_stash::save of " + e->label);
-        check_cuda(cudaEventRecord(e->produced, compute), "cudaEventRecord", "device_stash::save of " + e->label);
         enqueue([this, e] { copy_out(*e); });
         device_handle h;
         h.entry_ = std::move(e);
@@ -222,22 +250,25 @@ public:
         std::unique_lock lock(mutex_);
         cv_.wait(lock, [&] { return e.copied; });
         if (e.error) std::rethrow_exception(e.error);
+        throw_mover_error("wait_copied of " + e.label);
     }
 
     /// Marks the start of backward in the host stash, after every save queued so far.
     void start_backward() {
-        enqueue([this] { host_.start_backward(); });
+        enqueue([this] { host_.start_backward(); }, "start_backward");
     }
 
     /// Starts bringing the tensor back into device memory at device_dst (extent_bytes
     /// bytes, kept by the caller) ahead of load(); returns at once (life cycle, step 3).
     /// The copies into device_dst run after the work enqueued on `compute` so far; from this
     /// call until the load() into device_dst returned or the tensor is released, the caller
-    /// enqueues no work that uses device_dst (it is reserved: see the header). Throws std::invalid_argument on a misused handle, std::system_error
-    /// (cuda_category()) when the event cannot be recorded on `compute`.
+    /// enqueues no work that uses device_dst (it is reserved: see the header). Throws
+    /// std::invalid_argument on a misused handle, std::system_error (cuda_category()) when the
+    /// event cannot be recorded on `compute`.
     void prefetch(const device_handle& handle, void* device_dst, cudaStream_t compute) {
         auto& e = entry_of(handle, "prefetch");
         std::lock_guard lock(mutex_);
+        throw_mover_error("prefetch of " + e.label);
         start_prefetch(handle.entry_, e, device_dst, compute);
     }
 
@@ -251,12 +282,15 @@ public:
     void load(const device_handle& handle, void* device_dst, cudaStream_t compute) {
         auto& e = entry_of(handle, "load");
         std::unique_lock lock(mutex_);
-        if (e.prefetch_target != device_dst || e.load_error) start_prefetch(handle.entry_, e, device_dst, compute);
+        throw_mover_error("load of " + e.label);
+        if (e.prefetch_target != device_dst || e.load_error)
+            start_prefetch(handle.entry_, e, device_dst, compute);
         const std::uint64_t generation = e.prefetch_generation;
         cv_.wait(lock, [&] { return e.arrival_enqueued || e.load_error; });
         if (e.load_error) std::rethrow_exception(e.load_error);
         lock.unlock();
-        check_cuda(cudaStreamWaitEvent(compute, e.arrived, 0), "cudaStreamWaitEvent", "device_stash::load of " + e.label);
+        check_cuda(cudaStreamWaitEvent(compute, e.arrived, 0), "cudaStreamWaitEvent",
+                   "device_stash::load of " + e.label);
         lock.lock();
         // `compute` now waits for every copy in enqueued so far (one side stream, `arrived`
         // recorded after the newest): release() need not wait for them on the host.
@@ -278,17 +312,21 @@ public:
         }
         // An error here is the context's (sticky): no copy runs any more, nothing to wait for.
         if (wait_copies) cudaEventSynchronize(e.arrived);
-        enqueue([this, entry = handle.entry_] {
-            if (entry->host.valid()) host_.release(entry->host);
-        });
+        enqueue(
+            [this, entry = handle.entry_] {
+                if (entry->host.valid()) host_.release(entry->host);
+            },
+            "release of " + e.label);
     }
 
     /// Waits until every queued job has run, then flushes the host stash (every write and
-    /// erase done); throws the host stash's first unreported write failure.
+    /// erase done); throws an unreported error of a mover job (see the header), else the
+    /// host stash's first unreported write failure.
     void flush() {
         {
             std::unique_lock lock(mutex_);
             cv_.wait(lock, [&] { return jobs_.empty() && !busy_; });
+            throw_mover_error("flush");
         }
         host_.flush();
     }
@@ -306,11 +344,32 @@ private:
 
     detail::device_entry& entry_of(const device_handle& h, const char* op) const {
         if (!h.entry_)
-            throw std::invalid_argument(std::string("device_stash::") + op + ": empty or moved-from handle");
+            throw std::invalid_argument(std::string("device_stash::") + op +
+                                        ": empty or moved-from handle");
         if (h.entry_->released)
-            throw std::invalid_argument(std::string("device_stash::") + op + ": handle of " + h.entry_->label +
-                                        " was already released");
+            throw std::invalid_argument(std::string("device_stash::") + op + ": handle of " +
+                                        h.entry_->label + " was already released");
         return *h.entry_;
+    }
+
+    // Called with mutex_ held: throws the unreported error of a mover job once, with `op`
+    // (the call reporting it, naming its tensor) in front.
+    void throw_mover_error(const std::string& op) {
+        if (!mover_error_) return;
+        spillway::rethrow_with_context(std::exchange(mover_error_, nullptr), "device_stash::" + op);
+    }
+
+    // `job` runs on the mover thread; `what` names it in an error it throws (see the header).
+    void enqueue(std::function<void()> job, std::string what) {
+        enqueue([job = std::move(job), what = std::move(what), this] {
+            try {
+                job();
+            } catch (...) {
+                std::lock_guard lock(mutex_);
+                if (!mover_error_)
+                    mover_error_ = spillway::with_context(std::current_exception(), what);
+            }
+        });
     }
 
     void enqueue(std::function<void()> job) {
@@ -324,9 +383,10 @@ private:
     // Called with mutex_ held. The job is the tensor's newest prefetch (life cycle, step 3).
     // `dst_free` is recorded under the lock, before the generation changes, so the mover,
     // which checks the generation under the same lock, waits for this record.
-    void start_prefetch(const std::shared_ptr<detail::device_entry>& entry, detail::device_entry& e, void* dst,
-                        cudaStream_t compute) {
-        check_cuda(cudaEventRecord(e.dst_free, compute), "cudaEventRecord", "device_stash: prefetch of " + e.label);
+    void start_prefetch(const std::shared_ptr<detail::device_entry>& entry, detail::device_entry& e,
+                        void* dst, cudaStream_t compute) {
+        check_cuda(cudaEventRecord(e.dst_free, compute), "cudaEventRecord",
+                   "device_stash: prefetch of " + e.label);
         e.prefetch_target = dst;
         e.arrival_enqueued = false;
         e.load_error = nullptr;
@@ -345,7 +405,7 @@ private:
             jobs_.pop_front();
             busy_ = true;
             lock.unlock();
-            job();  // every job catches its own errors
+            job();  // every job catches its own errors (copy_out, copy_in, or enqueue(job, what))
             lock.lock();
             busy_ = false;
             cv_.notify_all();
@@ -355,20 +415,17 @@ private:
     // Life cycle, step 2.
     void copy_out(detail::device_entry& e) {
         std::exception_ptr error;
+        const std::string what = "device_stash: copy out of " + e.label;
         try {
-            const std::string what = "device_stash: copy out of " + e.label;
-            check_cuda(cudaStreamWaitEvent(side_, e.produced, 0), "cudaStreamWaitEvent", what);
+            check_cuda(cudaStreamWaitEvent(side_, e.produced, 0), "cudaStreamWaitEvent",
+                       "the side stream");
             aligned_buffer buffer = host_.allocate(e.nbytes);
-            try {
-                copy_from_device(buffer.bytes(), e.source, side_, ring_);
-            } catch (const std::system_error& err) {
-                throw spillway::with_context(err, what);
-            }
+            copy_from_device(buffer.bytes(), e.source, side_, ring_);
             stash_handle h = host_.save(e.desc, std::move(buffer));
             std::lock_guard lock(mutex_);
             e.host = std::move(h);
         } catch (...) {
-            error = std::current_exception();
+            error = spillway::with_context(std::current_exception(), what);  // names the tensor
         }
         std::lock_guard lock(mutex_);
         e.copied = true;
@@ -382,7 +439,8 @@ private:
         try {
             {
                 std::lock_guard lock(mutex_);
-                if (e.released || e.prefetch_generation != generation) return;  // superseded before it started
+                if (e.released || e.prefetch_generation != generation)
+                    return;           // superseded before it started
                 e.copying_in = true;  // release() waits for the end of this job
                 if (e.error) std::rethrow_exception(e.error);
                 // Under the lock: `dst_free` still holds this prefetch's record, not a newer one's.
@@ -391,17 +449,28 @@ private:
             }
             auto bytes = host_.load(e.host);
             copying = true;
-            copy_to_device(dst, bytes, side_, ring_);
-            check_cuda(cudaEventRecord(e.arrived, side_), "cudaEventRecord", "device_stash: copy in of " + e.label);
+            arrival_buffer& a = arrival_for(bytes.size(), e.label);
+            if (!bytes.empty()) {
+                std::memcpy(a.memory.data(), bytes.data(), bytes.size());
+                check_cuda(cudaMemcpyAsync(dst, a.memory.data(), bytes.size(),
+                                           cudaMemcpyHostToDevice, side_),
+                           "cudaMemcpyAsync", "device_stash: copy in of " + e.label);
+            }
+            check_cuda(cudaEventRecord(a.copied.get(), side_), "cudaEventRecord",
+                       "device_stash: copy in of " + e.label);
+            check_cuda(cudaEventRecord(e.arrived, side_), "cudaEventRecord",
+                       "device_stash: copy in of " + e.label);
         } catch (...) {
             error = std::current_exception();
-            if (copying) cudaStreamSynchronize(side_);  // the copies already enqueued end before it reports
+            if (copying)
+                cudaStreamSynchronize(side_);  // the copies already enqueued end before it reports
         }
         {
             std::lock_guard lock(mutex_);
             e.copying_in = false;
             if (copying && !error) e.copies_unwaited = true;
-            if (e.prefetch_generation == generation) {  // else a newer prefetch (or load) owns the outcome
+            if (e.prefetch_generation ==
+                generation) {  // else a newer prefetch (or load) owns the outcome
                 e.arrival_enqueued = !error;
                 e.load_error = error;
             }
@@ -409,15 +478,58 @@ private:
         cv_.notify_all();
     }
 
+    // A pinned buffer a copy in goes through, and the event recorded after that copy.
+    struct arrival_buffer {
+        pinned_buffer memory;
+        detail::event_owner copied;
+    };
+    // Mover thread only: an arrival buffer of at least n bytes whose last copy has finished
+    // (see "Copies in" in the header comment).
+    arrival_buffer& arrival_for(std::size_t n, const std::string& label) {
+        const std::string what = "device_stash: copy in of " + label;
+        arrival_buffer* oldest_fit = nullptr;
+        for (auto& a : arrivals_) {
+            if (a->memory.size() < n) continue;
+            if (query_done(cudaEventQuery(a->copied.get()), "cudaEventQuery", what)) return *a;
+            if (!oldest_fit) oldest_fit = a.get();
+        }
+        std::size_t held = 0;
+        for (auto& a : arrivals_) held += a->memory.size();
+        const std::size_t size = std::max<std::size_t>(n, 4096);
+        if (held + size > options_.arrival_pinned_bytes) {
+            if (oldest_fit) {
+                check_cuda(cudaEventSynchronize(oldest_fit->copied.get()), "cudaEventSynchronize",
+                           what);
+                return *oldest_fit;
+            }
+            // Replace completed buffers too small for n, oldest first, while over the bound.
+            for (auto it = arrivals_.begin();
+                 it != arrivals_.end() && held + size > options_.arrival_pinned_bytes;) {
+                if (query_done(cudaEventQuery((*it)->copied.get()), "cudaEventQuery", what)) {
+                    held -= (*it)->memory.size();
+                    it = arrivals_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+        spillway::cuda::detail::device_guard guard(options_.device);
+        arrivals_.push_back(std::make_unique<arrival_buffer>(arrival_buffer{
+            pinned_buffer(size), detail::event_owner("device_stash arrival buffer")}));
+        return *arrivals_.back();
+    }
+
     activation_stash<Tier>& host_;
     device_stash_options options_;
-    staging_ring ring_;  // used by the mover thread only
+    staging_ring ring_;                                      // used by the mover thread only
+    std::vector<std::unique_ptr<arrival_buffer>> arrivals_;  // used by the mover thread only
     cudaStream_t side_ = nullptr;
     mutable std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::function<void()>> jobs_;
     bool busy_ = false;
     bool stopping_ = false;
+    std::exception_ptr mover_error_;  // the first unreported error of a job not of one tensor
     std::thread mover_;
 };
 

@@ -22,9 +22,9 @@
 //   bounce buffer and the copy engines reach them with no staging copy.
 // - Errors: a missing chunk is std::system_error(ENOENT), and a chunk of the wrong size or
 //   a blob longer than asked std::invalid_argument, naming the chunk's key and the sizes,
-//   raised before any transfer starts; a tier failure is the tier's own error (naming the chunk's key); a CUDA
-//   failure is std::system_error in cuda_category() naming the key and the chunk. On any
-//   error every transfer already started is waited for before the call throws (the ring is
+//   raised before any transfer starts; a tier failure is the tier's own error (naming the chunk's
+//   key); a CUDA failure is std::system_error in cuda_category() naming the key and the chunk. On
+//   any error every transfer already started is waited for before the call throws (the ring is
 //   reusable); the device range (stage_to_device) or the tier's chunks (stage_from_device)
 //   then hold undefined contents. A failed stage_from_device leaves earlier chunks of the
 //   previous blob replaced or intact chunk by chunk: callers treat the key as lost.
@@ -70,7 +70,8 @@ public:
     event_owner() = default;
     /// Creates the event. Throws std::system_error (cuda_category()) naming `what`.
     explicit event_owner(std::string_view what) {
-        check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", what);
+        check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags", what);
     }
     /// Takes o's event; o owns none.
     event_owner(event_owner&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
@@ -117,9 +118,11 @@ public:
                         "staging_ring: chunk_bytes = " + std::to_string(chunk_bytes) +
                             " must be a positive multiple of 4096");
         slots_.reserve(slots);
-        for (std::size_t i = 0; i < slots; ++i)  // a throw frees the slots built so far (their owners)
+        for (std::size_t i = 0; i < slots;
+             ++i)  // a throw frees the slots built so far (their owners)
             slots_.push_back(slot{pinned_buffer(chunk_bytes),
-                                  detail::event_owner("staging_ring slot " + std::to_string(i)), io_completion{}});
+                                  detail::event_owner("staging_ring slot " + std::to_string(i)),
+                                  io_completion{}});
     }
     staging_ring(const staging_ring&) = delete;
     staging_ring& operator=(const staging_ring&) = delete;
@@ -138,9 +141,11 @@ public:
 
 private:
     template <class Tier>
-    friend void stage_to_device(Tier&, std::string_view, void*, std::size_t, cudaStream_t, staging_ring&);
+    friend void stage_to_device(Tier&, std::string_view, void*, std::size_t, cudaStream_t,
+                                staging_ring&);
     template <class Tier>
-    friend void stage_from_device(Tier&, std::string_view, const void*, std::size_t, cudaStream_t, staging_ring&);
+    friend void stage_from_device(Tier&, std::string_view, const void*, std::size_t, cudaStream_t,
+                                  staging_ring&);
     friend void copy_to_device(void*, std::span<const std::byte>, cudaStream_t, staging_ring&);
     friend void copy_from_device(std::span<std::byte>, const void*, cudaStream_t, staging_ring&);
 
@@ -163,26 +168,27 @@ private:
 }
 
 /// Number of chunks of a staged blob of nbytes.
-[[nodiscard]] constexpr std::size_t chunk_count(std::size_t nbytes, std::size_t chunk_bytes) noexcept {
+[[nodiscard]] constexpr std::size_t chunk_count(std::size_t nbytes,
+                                                std::size_t chunk_bytes) noexcept {
     return (nbytes + chunk_bytes - 1) / chunk_bytes;
 }
 
 namespace detail {
 /// Bytes of chunk k of a blob of nbytes.
-constexpr std::size_t chunk_length(std::size_t k, std::size_t nbytes, std::size_t chunk_bytes) noexcept {
+constexpr std::size_t chunk_length(std::size_t k, std::size_t nbytes,
+                                   std::size_t chunk_bytes) noexcept {
     std::size_t offset = k * chunk_bytes;
     return nbytes - offset < chunk_bytes ? nbytes - offset : chunk_bytes;
 }
-inline std::string staged_context(std::string_view op, std::string_view key, std::size_t nbytes, std::size_t k) {
-    return std::string(op) + " of key " + spillway::quoted(key) + " (" + bytes_str(nbytes) + "), chunk " +
-           std::to_string(k);
+inline std::string staged_context(std::string_view op, std::string_view key, std::size_t nbytes,
+                                  std::size_t k) {
+    return std::string(op) + " of key " + spillway::quoted(key) + " (" + bytes_str(nbytes) +
+           "), chunk " + std::to_string(k);
 }
-/// True when the slot's last copy has finished; never blocks. CUDA errors throw.
+/// True when the slot's last copy has finished; never blocks (query_done: no not-ready code
+/// is left as the thread's last error). CUDA errors throw.
 inline bool copy_finished(cudaEvent_t event, std::string_view what) {
-    cudaError_t err = cudaEventQuery(event);
-    if (err == cudaErrorNotReady) return false;
-    check_cuda(err, "cudaEventQuery", what);
-    return true;
+    return query_done(cudaEventQuery(event), "cudaEventQuery", what);
 }
 /// Erases chunks first, first + 1, ... of `key` while they exist; returns how many.
 template <class Tier>
@@ -224,34 +230,39 @@ void drain_quietly(Slots& slots) noexcept {
 ///     `stream` and record the slot's event after it; go on with chunk k + 1 at step 2, so
 ///     the next reads run while the copy does.
 template <class Tier>
-void stage_to_device(Tier& tier, std::string_view key, void* device_dst, std::size_t nbytes, cudaStream_t stream,
-                     staging_ring& ring) {
+void stage_to_device(Tier& tier, std::string_view key, void* device_dst, std::size_t nbytes,
+                     cudaStream_t stream, staging_ring& ring) {
     static_assert(storage_tier<Tier>, "stage_to_device: Tier must model storage_tier");
     validate_key(key, "stage_to_device: key");
-    const std::size_t chunk = ring.chunk_bytes(), count = chunk_count(nbytes, chunk), slots = ring.slots();
+    const std::size_t chunk = ring.chunk_bytes(), count = chunk_count(nbytes, chunk),
+                      slots = ring.slots();
     for (std::size_t k = 0; k < count; ++k) {  // 1.
         std::string ck = chunk_key(key, k);
         auto size = tier.size_of(ck);
         std::size_t want = detail::chunk_length(k, nbytes, chunk);
         if (!size)
-            throw std::system_error(ENOENT, std::generic_category(),
-                                    tier.name() + ": " + detail::staged_context("stage_to_device", key, nbytes, k) +
-                                        ": no chunk " + spillway::quoted(ck) + " (was it staged with another size?)");
+            throw std::system_error(
+                ENOENT, std::generic_category(),
+                tier.name() + ": " + detail::staged_context("stage_to_device", key, nbytes, k) +
+                    ": no chunk " + spillway::quoted(ck) + " (was it staged with another size?)");
         if (*size != want)
-            throw std::invalid_argument(tier.name() + ": " + detail::staged_context("stage_to_device", key, nbytes, k) +
-                                        ": chunk " + spillway::quoted(ck) + " has " + bytes_str(*size) + " but " +
-                                        bytes_str(want) + " were expected (chunk size " + bytes_str(chunk) + ")");
+            throw std::invalid_argument(
+                tier.name() + ": " + detail::staged_context("stage_to_device", key, nbytes, k) +
+                ": chunk " + spillway::quoted(ck) + " has " + bytes_str(*size) + " but " +
+                bytes_str(want) + " were expected (chunk size " + bytes_str(chunk) + ")");
     }
     if (std::string extra = chunk_key(key, count); tier.contains(extra))
-        throw std::invalid_argument(tier.name() + ": stage_to_device of key " + spillway::quoted(key) + " (" +
-                                    bytes_str(nbytes) + "): the staged blob is longer (chunk " +
+        throw std::invalid_argument(tier.name() + ": stage_to_device of key " +
+                                    spillway::quoted(key) + " (" + bytes_str(nbytes) +
+                                    "): the staged blob is longer (chunk " +
                                     spillway::quoted(extra) + " exists)");
     auto* dst = static_cast<std::byte*>(device_dst);
     auto& ss = ring.slots_;
     std::size_t next_read = 0;
     auto issue_read = [&](std::size_t j) {
         auto& s = ss[j % slots];
-        s.io = tier.read(chunk_key(key, j), s.memory.bytes().first(detail::chunk_length(j, nbytes, chunk)));
+        s.io = tier.read(chunk_key(key, j),
+                         s.memory.bytes().first(detail::chunk_length(j, nbytes, chunk)));
         ++next_read;
     };
     try {
@@ -266,7 +277,8 @@ void stage_to_device(Tier& tier, std::string_view key, void* device_dst, std::si
                 issue_read(k);
             }
             std::size_t len = s.io.wait();  // 4.
-            check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len, cudaMemcpyHostToDevice, stream),
+            check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len,
+                                       cudaMemcpyHostToDevice, stream),
                        "cudaMemcpyAsync", what);
             check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
         }
@@ -300,7 +312,8 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
                        cudaStream_t stream, staging_ring& ring) {
     static_assert(storage_tier<Tier>, "stage_from_device: Tier must model storage_tier");
     validate_key(key, "stage_from_device: key");
-    const std::size_t chunk = ring.chunk_bytes(), count = chunk_count(nbytes, chunk), slots = ring.slots();
+    const std::size_t chunk = ring.chunk_bytes(), count = chunk_count(nbytes, chunk),
+                      slots = ring.slots();
     validate_key(chunk_key(key, count), "stage_from_device: chunk key");  // the longest key used
     const auto* src = static_cast<const std::byte*>(device_src);
     auto& ss = ring.slots_;
@@ -309,9 +322,10 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
         auto& s = ss[j % slots];
         if (s.io.valid()) s.io.wait();  // the previous write's error surfaces here
         check_cuda(cudaStreamWaitEvent(stream, s.copied.get(), 0), "cudaStreamWaitEvent", what);
-        check_cuda(cudaMemcpyAsync(s.memory.data(), src + j * chunk, detail::chunk_length(j, nbytes, chunk),
-                                   cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync", what);
+        check_cuda(
+            cudaMemcpyAsync(s.memory.data(), src + j * chunk,
+                            detail::chunk_length(j, nbytes, chunk), cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync", what);
         check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
         ++next_copy;
     };
@@ -322,10 +336,11 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
                    (!ss[next_copy % slots].io.valid() || ss[next_copy % slots].io.ready()))
                 enqueue_copy(next_copy, what);
             if (next_copy == k) enqueue_copy(k, what);  // 2.
-            auto& s = ss[k % slots];  // 3.
+            auto& s = ss[k % slots];                    // 3.
             check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize", what);
-            s.io = tier.write(chunk_key(key, k), std::span<const std::byte>(s.memory.data(),
-                                                                            detail::chunk_length(k, nbytes, chunk)));
+            s.io = tier.write(chunk_key(key, k),
+                              std::span<const std::byte>(s.memory.data(),
+                                                         detail::chunk_length(k, nbytes, chunk)));
         }
         for (auto& s : ss)  // 4.
             if (s.io.valid()) s.io.wait();
@@ -343,17 +358,20 @@ void stage_from_device(Tier& tier, std::string_view key, const void* device_src,
 ///
 /// Protocol (chunk k uses slot k % S): 1. wait for the slot's previous copy (its event);
 /// 2. memcpy chunk k into the slot; 3. enqueue its copy on `stream` and record the event.
-inline void copy_to_device(void* device_dst, std::span<const std::byte> host_src, cudaStream_t stream,
-                           staging_ring& ring) {
-    const std::size_t chunk = ring.chunk_bytes(), n = host_src.size(), count = chunk_count(n, chunk);
+inline void copy_to_device(void* device_dst, std::span<const std::byte> host_src,
+                           cudaStream_t stream, staging_ring& ring) {
+    const std::size_t chunk = ring.chunk_bytes(), n = host_src.size(),
+                      count = chunk_count(n, chunk);
     auto* dst = static_cast<std::byte*>(device_dst);
     for (std::size_t k = 0; k < count; ++k) {
         auto& s = ring.slots_[k % ring.slots()];
         const std::size_t len = detail::chunk_length(k, n, chunk);
-        const std::string what = "copy_to_device of " + bytes_str(n) + ", chunk " + std::to_string(k);
+        const std::string what =
+            "copy_to_device of " + bytes_str(n) + ", chunk " + std::to_string(k);
         check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize", what);  // 1.
-        std::memcpy(s.memory.data(), host_src.data() + k * chunk, len);               // 2.
-        check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len, cudaMemcpyHostToDevice, stream),  // 3.
+        std::memcpy(s.memory.data(), host_src.data() + k * chunk, len);                  // 2.
+        check_cuda(cudaMemcpyAsync(dst + k * chunk, s.memory.data(), len, cudaMemcpyHostToDevice,
+                                   stream),  // 3.
                    "cudaMemcpyAsync", what);
         check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
     }
@@ -370,18 +388,21 @@ inline void copy_to_device(void* device_dst, std::span<const std::byte> host_src
 /// copy out of the slot, maybe on another stream) and followed by a new record of it;
 /// 2. for each chunk k: wait for its event, memcpy the slot into host_dst, then enqueue the
 /// copy of chunk k + S into the slot just emptied, as in step 1.
-inline void copy_from_device(std::span<std::byte> host_dst, const void* device_src, cudaStream_t stream,
-                             staging_ring& ring) {
-    const std::size_t chunk = ring.chunk_bytes(), n = host_dst.size(), count = chunk_count(n, chunk);
+inline void copy_from_device(std::span<std::byte> host_dst, const void* device_src,
+                             cudaStream_t stream, staging_ring& ring) {
+    const std::size_t chunk = ring.chunk_bytes(), n = host_dst.size(),
+                      count = chunk_count(n, chunk);
     const std::size_t slots = ring.slots();
     const auto* src = static_cast<const std::byte*>(device_src);
     auto enqueue = [&](std::size_t j) {
         auto& s = ring.slots_[j % slots];
-        const std::string what = "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(j);
+        const std::string what =
+            "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(j);
         check_cuda(cudaStreamWaitEvent(stream, s.copied.get(), 0), "cudaStreamWaitEvent", what);
-        check_cuda(cudaMemcpyAsync(s.memory.data(), src + j * chunk, detail::chunk_length(j, n, chunk),
-                                   cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync", what);
+        check_cuda(
+            cudaMemcpyAsync(s.memory.data(), src + j * chunk, detail::chunk_length(j, n, chunk),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync", what);
         check_cuda(cudaEventRecord(s.copied.get(), stream), "cudaEventRecord", what);
     };
     try {
@@ -390,7 +411,8 @@ inline void copy_from_device(std::span<std::byte> host_dst, const void* device_s
             auto& s = ring.slots_[k % slots];
             check_cuda(cudaEventSynchronize(s.copied.get()), "cudaEventSynchronize",
                        "copy_from_device of " + bytes_str(n) + ", chunk " + std::to_string(k));
-            std::memcpy(host_dst.data() + k * chunk, s.memory.data(), detail::chunk_length(k, n, chunk));
+            std::memcpy(host_dst.data() + k * chunk, s.memory.data(),
+                        detail::chunk_length(k, n, chunk));
             if (k + slots < count) enqueue(k + slots);
         }
     } catch (...) {

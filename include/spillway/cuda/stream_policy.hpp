@@ -6,7 +6,8 @@
 // Guarantees:
 // - stream_policy(s) is thrust::cuda::par_nosync(stream_allocator(s)).on(s). Thrust's
 //   scratch memory (the temporary storage of reductions such as transform_reduce and
-//   any_of) comes from cudaMallocAsync and goes back with cudaFreeAsync, both ordered on s.
+//   any_of) comes from cudaMallocFromPoolAsync and goes back with cudaFreeAsync, both
+//   ordered on s.
 //   thrust::cuda::par.on(s) uses cudaMalloc and cudaFree instead, and cudaFree synchronises
 //   the whole device: every reduction would wait for the work of every other stream.
 // - Nothing waits for s unless the call's result is needed on the host. A call that returns
@@ -15,10 +16,11 @@
 //   that returns a value computed on the device (reduce, transform_reduce, any_of) waits
 //   for s up to its own kernels, because copying the value to the host synchronises s, so
 //   the value it returns is final. Work enqueued on s before a call runs before it.
-// - The scratch memory comes from the current memory pool of s's device (the default pool
-//   unless the caller set another with cudaDeviceSetMemPool). That pool's release threshold
-//   (cudaMemPoolAttrReleaseThreshold, 0 by default) decides whether freed scratch stays
-//   reserved for the next call or goes back to the system at the next synchronisation.
+// - The scratch memory comes from the Thrust scratch pool of the current device
+//   (memory_pools.hpp: scratch_pool(), release threshold scratch_release_threshold), never
+//   from the device's default pool: freed scratch up to that threshold stays mapped for the
+//   next call, and the caller's default pool keeps its own threshold. The stream must
+//   belong to the current device.
 // - stream_allocator::allocate() throws std::system_error in cuda_category() naming the
 //   size (check_cuda: the thread's last CUDA error is cleared, so a later Thrust launch does
 //   not report it as its own); deallocate() never throws (Thrust calls it from destructors).
@@ -38,6 +40,7 @@
 #include <thrust/system/cuda/execution_policy.h>
 
 #include "spillway/cuda/cuda_error.hpp"
+#include "spillway/cuda/memory_pools.hpp"
 #include "spillway/error.hpp"
 
 namespace spillway::cuda {
@@ -57,8 +60,14 @@ public:
     [[nodiscard]] char* allocate(std::ptrdiff_t nbytes) {
         if (nbytes <= 0) return nullptr;
         void* p = nullptr;
-        check_cuda(cudaMallocAsync(&p, static_cast<std::size_t>(nbytes), stream_), "cudaMallocAsync",
-                   "stream_allocator: " + bytes_str(static_cast<std::size_t>(nbytes)) + " of Thrust scratch memory");
+        const std::string what =
+            "stream_allocator: " + bytes_str(static_cast<std::size_t>(nbytes)) +
+            " of Thrust scratch memory";
+        int device = 0;
+        check_cuda(cudaGetDevice(&device), "cudaGetDevice", what);
+        check_cuda(cudaMallocFromPoolAsync(&p, static_cast<std::size_t>(nbytes),
+                                           scratch_pool(device), stream_),
+                   "cudaMallocFromPoolAsync", what);
         return static_cast<char*>(p);
     }
 

@@ -23,7 +23,8 @@
 //   results are bit-identical to spillway::adamw_step on the same data (CUDA code must not
 //   be compiled with fast-math). It validates like the CPU step (std::invalid_argument
 //   naming the field or the span) and, with grad_check::scan, returns
-//   step_result::skipped_overflow touching nothing when a gradient is inf or NaN. The
+//   step_result::skipped_overflow touching nothing when a gradient is inf or NaN; that scan
+//   is one reduction (one host round trip per call, whatever the size). The
 //   spans must not overlap (not checked: they may be device addresses).
 // - grad_sum_squares() returns sum((g / grad_scale)^2) in double (each square is exact in
 //   double; the order of the additions is the backend's, so it may differ from the CPU's in
@@ -46,7 +47,6 @@
 #include <thrust/for_each.h>
 #include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/logical.h>
 #include <thrust/transform.h>
 #include <thrust/transform_reduce.h>
 
@@ -70,10 +70,12 @@ struct narrow_fn {
 };
 
 namespace detail {
-inline void check_same_count(const char* what, const char* a, std::size_t na, const char* b, std::size_t nb) {
+inline void check_same_count(const char* what, const char* a, std::size_t na, const char* b,
+                             std::size_t nb) {
     if (na != nb)
-        throw std::invalid_argument(std::string("spillway::cuda::") + what + ": " + a + " has " + std::to_string(na) +
-                                    " elements but " + b + " has " + std::to_string(nb));
+        throw std::invalid_argument(std::string("spillway::cuda::") + what + ": " + a + " has " +
+                                    std::to_string(na) + " elements but " + b + " has " +
+                                    std::to_string(nb));
 }
 }  // namespace detail
 
@@ -109,14 +111,16 @@ struct gradient_check {
 /// std::invalid_argument unless grad_scale is usable like the CPU's grad_sum_squares
 /// requires (finite, > 0, at least 1/FLT_MAX; checked by its bits).
 template <class Policy, class Grad>
-double grad_sum_squares(const Policy& policy, std::span<const Grad> grads, float grad_scale = 1.0f) {
-    static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "grad_sum_squares: Grad must be float, float16 or bfloat16");
+double grad_sum_squares(const Policy& policy, std::span<const Grad> grads,
+                        float grad_scale = 1.0f) {
+    static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>,
+                  "grad_sum_squares: Grad must be float, float16 or bfloat16");
     if (!spillway::detail::usable_grad_scale(grad_scale))
         spillway::detail::bad_value("cuda::grad_sum_squares", "grad_scale", grad_scale,
                                     spillway::detail::grad_scale_rule);
     if (grads.empty()) return 0.0;
-    double total = thrust::transform_reduce(policy, grads.data(), grads.data() + grads.size(), square_fn<Grad>{}, 0.0,
-                                            thrust::plus<double>{});
+    double total = thrust::transform_reduce(policy, grads.data(), grads.data() + grads.size(),
+                                            square_fn<Grad>{}, 0.0, thrust::plus<double>{});
     double scale = static_cast<double>(grad_scale);
     return total / (scale * scale);
 }
@@ -124,10 +128,12 @@ double grad_sum_squares(const Policy& policy, std::span<const Grad> grads, float
 /// The gradient norm and the overflow check in one pass over `grads` (see gradient_check).
 /// Throws like grad_sum_squares.
 template <class Policy, class Grad>
-gradient_check check_gradients(const Policy& policy, std::span<const Grad> grads, float grad_scale = 1.0f) {
+gradient_check check_gradients(const Policy& policy, std::span<const Grad> grads,
+                               float grad_scale = 1.0f) {
     gradient_check r;
     r.sum_squares = grad_sum_squares(policy, grads, grad_scale);
-    r.overflow = !spillway::detail::finite_bits(r.sum_squares);  // by its bits: holds under -ffast-math
+    r.overflow =
+        !spillway::detail::finite_bits(r.sum_squares);  // by its bits: holds under -ffast-math
     r.norm = r.overflow ? r.sum_squares : std::sqrt(r.sum_squares);
     return r;
 }
@@ -138,7 +144,9 @@ gradient_check check_gradients(const Policy& policy, std::span<const Grad> grads
 template <class Grad>
 struct nonfinite_fn {
     /// Whether g is inf or NaN.
-    SPILLWAY_HOST_DEVICE bool operator()(Grad g) const noexcept { return spillway::detail::nonfinite_bits(g); }
+    SPILLWAY_HOST_DEVICE bool operator()(Grad g) const noexcept {
+        return spillway::detail::nonfinite_bits(g);
+    }
 };
 
 /// The AdamW update of element i (and its compute copy, unless Copy is detail::no_copy).
@@ -153,7 +161,8 @@ struct adamw_fn {
     /// Updates element i in place.
     SPILLWAY_HOST_DEVICE void operator()(std::size_t i) const noexcept {
         adamw_update(params[i], m[i], v[i], spillway::detail::widen_one(grads[i]), c);
-        if constexpr (!std::is_same_v<Copy, spillway::detail::no_copy>) copy_out[i] = from_float<Copy>(params[i]);
+        if constexpr (!std::is_same_v<Copy, spillway::detail::no_copy>)
+            copy_out[i] = from_float<Copy>(params[i]);
     }
 };
 
@@ -162,10 +171,12 @@ struct adamw_fn {
 /// Grad: float, float16 or bfloat16; copy_out (float16 or bfloat16) empty = no copy.
 /// Throws std::invalid_argument for bad hyper-parameters, arguments or sizes.
 template <class Policy, class Grad, class ParamCopy = float16>
-step_result adamw_step(const Policy& policy, const adamw_config& config, const adamw_step_args& args,
-                       std::span<float> params, std::span<float> m, std::span<float> v, std::span<const Grad> grads,
+step_result adamw_step(const Policy& policy, const adamw_config& config,
+                       const adamw_step_args& args, std::span<float> params, std::span<float> m,
+                       std::span<float> v, std::span<const Grad> grads,
                        std::span<ParamCopy> copy_out = {}) {
-    static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>, "adamw_step: Grad must be float, float16 or bfloat16");
+    static_assert(std::is_same_v<Grad, float> || is_half_v<Grad>,
+                  "adamw_step: Grad must be float, float16 or bfloat16");
     static_assert(is_half_v<ParamCopy>, "adamw_step: ParamCopy must be float16 or bfloat16");
     validate(config);
     validate(args);
@@ -173,20 +184,25 @@ step_result adamw_step(const Policy& policy, const adamw_config& config, const a
     detail::check_same_count("adamw_step", "m", m.size(), "params", n);
     detail::check_same_count("adamw_step", "v", v.size(), "params", n);
     detail::check_same_count("adamw_step", "grads", grads.size(), "params", n);
-    if (!copy_out.empty()) detail::check_same_count("adamw_step", "copy_out", copy_out.size(), "params", n);
+    if (!copy_out.empty())
+        detail::check_same_count("adamw_step", "copy_out", copy_out.size(), "params", n);
     if (n == 0) return step_result::applied;
+    // One reduction, one host round trip: thrust::any_of is a find_if, which the CUDA
+    // backend runs as a loop of bounded searches, each synchronising the stream.
     if (args.check == grad_check::scan &&
-        thrust::any_of(policy, grads.data(), grads.data() + n, nonfinite_fn<Grad>{}))
+        thrust::transform_reduce(policy, grads.data(), grads.data() + n, nonfinite_fn<Grad>{},
+                                 false, thrust::logical_or<bool>{}))
         return step_result::skipped_overflow;
     const adamw_coefficients c = make_adamw_coefficients(config, args);
     thrust::counting_iterator<std::size_t> first(0);
     if (copy_out.empty())
         thrust::for_each(policy, first, first + n,
-                         adamw_fn<Grad, spillway::detail::no_copy>{c, params.data(), m.data(), v.data(), grads.data(),
-                                                                   nullptr});
+                         adamw_fn<Grad, spillway::detail::no_copy>{
+                             c, params.data(), m.data(), v.data(), grads.data(), nullptr});
     else
         thrust::for_each(policy, first, first + n,
-                         adamw_fn<Grad, ParamCopy>{c, params.data(), m.data(), v.data(), grads.data(), copy_out.data()});
+                         adamw_fn<Grad, ParamCopy>{c, params.data(), m.data(), v.data(),
+                                                   grads.data(), copy_out.data()});
     return step_result::applied;
 }
 

@@ -10,11 +10,11 @@
 // - Written against Thrust only, so the same code runs on the GPU (nvcc, CUDA backend) and
 //   on the CPU (THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP or _CPP), where its logic is
 //   tested on machines without a GPU.
-// - widen() takes an execution policy (thrust::device, stream_policy(stream) from
-//   stream_policy.hpp, ...) and spans in memory that policy can reach (device memory for
-//   the CUDA backend). It throws std::invalid_argument when the spans' sizes differ, before
-//   touching anything. With stream_policy it returns once the kernel is enqueued on the
-//   stream: the caller orders readers of `out` after the stream.
+// - widen() takes an execution policy (stream_policy(stream) from stream_policy.hpp, or a
+//   stream, on the CUDA backend; thrust::device on the CPU backends) and spans in memory that
+//   policy can reach (device memory for the CUDA backend). It throws std::invalid_argument when the
+//   spans' sizes differ, before touching anything. With stream_policy it returns once the kernel is
+//   enqueued on the stream: the caller orders readers of `out` after the stream.
 #pragma once
 
 #include <cstddef>
@@ -43,18 +43,32 @@ struct widen_scaled_fn {
 /// out[i] = to_float(in[i]) * scale for every i, with Thrust on `policy`.
 /// in (count), out (count): Half and fp32 elements.
 template <class Policy, class Half>
-void widen(const Policy& policy, std::span<const Half> in, std::span<float> out, float scale = 1.0f) {
+void widen(const Policy& policy, std::span<const Half> in, std::span<float> out,
+           float scale = 1.0f) {
     if (in.size() != out.size())
-        throw std::invalid_argument("spillway::cuda::widen: input has " + std::to_string(in.size()) +
-                                    " elements but output has " + std::to_string(out.size()));
+        throw std::invalid_argument("spillway::cuda::widen: input has " +
+                                    std::to_string(in.size()) + " elements but output has " +
+                                    std::to_string(out.size()));
     if (in.empty()) return;
-    thrust::transform(policy, in.data(), in.data() + in.size(), out.data(), widen_scaled_fn<Half>{scale});
+    thrust::transform(policy, in.data(), in.data() + in.size(), out.data(),
+                      widen_scaled_fn<Half>{scale});
 }
 
-/// The same on thrust::device (the GPU under nvcc, the CPU backend chosen otherwise).
+#if defined(__CUDACC__) || THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+/// The same on `stream` (stream_policy(stream)): ordered with the library's non-blocking
+/// streams. There is deliberately no overload without a stream here: thrust::device runs on
+/// the legacy default stream, which has no ordering with non-blocking streams.
+template <class Half>
+void widen(cudaStream_t stream, std::span<const Half> in, std::span<float> out,
+           float scale = 1.0f) {
+    widen(stream_policy(stream), in, out, scale);
+}
+#else
+/// The same on thrust::device: Thrust's CPU backend (OMP or CPP), which has no streams.
 template <class Half>
 void widen(std::span<const Half> in, std::span<float> out, float scale = 1.0f) {
     widen(thrust::device, in, out, scale);
 }
+#endif
 
 }  // namespace spillway::cuda
