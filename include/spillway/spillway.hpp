@@ -42,6 +42,7 @@
 #include "spillway/stash/stash_options.hpp"
 #include "spillway/stash/tensor_desc.hpp"
 #include "spillway/stream/layer_optimizer.hpp"
+#include "spillway/stream/layer_optimizer_plan.hpp"
 #include "spillway/stream/layer_optimizer_options.hpp"
 #include "spillway/stream/layer_view.hpp"
 #include "spillway/stream/tensor_layout.hpp"
