@@ -64,7 +64,9 @@ public:
             throw_cuda_error(err, "cudaMemPoolSetAttribute(cudaMemPoolAttrReleaseThreshold)", what);
         }
     }
+    /// Takes o's pool; o then owns none.
     memory_pool(memory_pool&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)) {}
+    /// Destroys this pool (if any) and takes o's.
     memory_pool& operator=(memory_pool&& o) noexcept {
         if (this != &o) {
             reset();

@@ -87,8 +87,8 @@ public:
     /// What backward_layer() gives: the layer's params (read them only) and its gradient
     /// buffer (zeroed, the layer's size).
     struct backward_view {
-        std::span<const float> params;
-        std::span<float> grads;
+        std::span<const float> params;  ///< the layer's params, read-only
+        std::span<float> grads;         ///< the layer's gradient buffer, zeroed
     };
 
     /// An optimizer for layers of `layer_floats` floats (any sizes, none 0): params and the
@@ -141,8 +141,11 @@ public:
     layer_optimizer(const layer_optimizer&) = delete;
     layer_optimizer& operator=(const layer_optimizer&) = delete;
 
+    /// Layers of the model.
     [[nodiscard]] std::size_t layer_count() const noexcept { return floats_.size(); }
+    /// Floats of layer `layer` (std::out_of_range past the last).
     [[nodiscard]] std::size_t layer_floats(std::size_t layer) const { return floats_.at(layer); }
+    /// The options it was built with.
     [[nodiscard]] const layer_optimizer_options& options() const noexcept { return o_; }
 
     // ---- First contents ------------------------------------------------------------------
@@ -207,6 +210,7 @@ public:
     std::span<const float> forward_layer(std::size_t layer) {
         return acquire_params(layer, hold::forward);
     }
+    /// Ends forward's use of `layer`'s params.
     void forward_done(std::size_t layer) { release_params(layer, hold::forward); }
 
     /// The params of `layer` and its zeroed gradient buffer, valid until grads_done(layer).
@@ -428,6 +432,7 @@ public:
     }
 
     // ---- Figures -------------------------------------------------------------------------
+    /// Both streams' counters and the spill's (cumulative; subtract two for a step).
     [[nodiscard]] layer_optimizer_stats stats() const {
         layer_optimizer_stats s;
         s.params = params_->stats();
@@ -446,7 +451,9 @@ public:
                (spill_ ? spill_->resident_bytes() : 0) + grads_.size() * sizeof(float) +
                narrow_.size() * sizeof(bfloat16);
     }
+    /// The params stream (its stats, peaks and budget).
     [[nodiscard]] const param_stream<Tier>& params_stream() const noexcept { return *params_; }
+    /// The m|v stream.
     [[nodiscard]] const param_stream<Tier>& state_stream() const noexcept { return *state_; }
     /// Starts both streams' peaks over.
     void reset_peaks() noexcept {

@@ -60,9 +60,9 @@ struct layer_optimizer_options {
     std::function<bool(bool overflow)> agree_overflow{};
     /// Tier keys: "<prefix>-<layer>" of the params, of m|v and of the fp16 gradients. Two
     /// optimizers on one tier need other prefixes.
-    std::string params_prefix = "params";
-    std::string state_prefix = "adam";
-    std::string spill_prefix = "grads";
+    std::string params_prefix = "params";  ///< the params' keys
+    std::string state_prefix = "adam";     ///< the m|v keys
+    std::string spill_prefix = "grads";    ///< the fp16 gradients' keys
 };
 
 /// How the optimizer's blobs sit on the file systems, for stored_bytes().
@@ -81,7 +81,8 @@ struct disk_layout {
 struct layer_optimizer_stats {
     param_stream_stats params{};                      ///< the params stream
     param_stream_stats state{};                       ///< the m|v stream
-    std::uint64_t spill_read = 0, spill_written = 0;  ///< fp16: the gradient spill's bytes
+    std::uint64_t spill_read = 0;     ///< fp16: bytes the gradient spill read back
+    std::uint64_t spill_written = 0;  ///< fp16: bytes the gradient spill wrote
     std::size_t spill_resident = 0;  ///< fp16: the spill's buffers (allocated once)
 };
 

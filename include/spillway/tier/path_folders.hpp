@@ -66,7 +66,9 @@ public:
         return f;
     }
 
+    /// Takes o's folders; o then holds none.
     path_folders(path_folders&&) noexcept = default;
+    /// Removes this one's folders, then takes o's.
     path_folders& operator=(path_folders&& o) noexcept {
         if (this != &o) {
             clear();
@@ -81,6 +83,7 @@ public:
     path_folders& operator=(const path_folders&) = delete;
     ~path_folders() { clear(); }
 
+    /// The number of paths.
     [[nodiscard]] std::size_t size() const noexcept { return folders_.size(); }
     /// Storage path i, as given.
     [[nodiscard]] const std::filesystem::path& path(std::size_t i) const { return paths_.at(i); }
