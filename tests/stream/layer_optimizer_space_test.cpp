@@ -21,6 +21,7 @@
 
 #include "stream/constant_steps.hpp"
 #include "support/temp_dir.hpp"
+#include "support/tmpfs_mount.hpp"
 
 namespace fs = std::filesystem;
 using spillway::grad_dtype;
@@ -28,28 +29,6 @@ using spillway::grad_dtype;
 namespace {
 
 const std::vector<std::size_t> sizes = {30000, 51200, 15000, 40960, 70001, 22222};
-
-/// A tmpfs of `bytes` mounted on a fresh directory, unmounted at scope exit. Exits 77 (skipped)
-/// when this process may not mount.
-class tmpfs {
-public:
-    tmpfs(const fs::path& at, std::size_t bytes) : at_(at) {
-        fs::create_directories(at_);
-        const std::string opts = "size=" + std::to_string(bytes) + ",mode=0700";
-        if (::mount("tmpfs", at_.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
-            std::printf("cannot mount a tmpfs on %s (%s): test skipped\n", at_.c_str(),
-                        std::strerror(errno));
-            std::fflush(stdout);
-            std::_Exit(77);
-        }
-    }
-    ~tmpfs() { ::umount2(at_.c_str(), MNT_DETACH); }
-    tmpfs(const tmpfs&) = delete;
-    tmpfs& operator=(const tmpfs&) = delete;
-
-private:
-    fs::path at_;
-};
 
 /// Three steps (run_constant_steps), params and the spill under p/, m|v under s/.
 void run(const fs::path& root, const spillway::layer_optimizer_options& o) {
@@ -80,13 +59,13 @@ TEST_CASE(
         const std::size_t figure = spillway::stored_bytes(sizes, o);
         REQUIRE(figure % 4096 == 0);
         {
-            tmpfs fs_at(dir.path() / "exact", figure);
+            spillway::test::tmpfs_mount fs_at(dir.path() / "exact", figure);
             CHECK_NOTHROW(run(dir.path() / "exact", o));
         }
         std::size_t blobs = 0;  // the layers' params and m|v alone
         for (auto n : sizes) blobs += 12 * n;
         {
-            tmpfs fs_at(dir.path() / "small", blobs / 4096 * 4096 - 4096);
+            spillway::test::tmpfs_mount fs_at(dir.path() / "small", blobs / 4096 * 4096 - 4096);
             try {
                 run(dir.path() / "small", o);
                 FAIL("a tmpfs smaller than the blobs held them");

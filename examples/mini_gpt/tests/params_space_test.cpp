@@ -19,6 +19,7 @@
 
 #include "streamed_params.hpp"
 #include "support/temp_dir.hpp"
+#include "support/tmpfs_mount.hpp"
 #include "trainer.hpp"
 #include "trainer_support.hpp"
 
@@ -27,27 +28,6 @@ using namespace mini_gpt::testing;
 
 namespace {
 
-/// A tmpfs of `bytes` mounted on `at`, unmounted at scope exit; exits 77 (skipped) when this
-/// process may not mount.
-class tmpfs {
-public:
-    tmpfs(const std::filesystem::path& at, std::size_t bytes) : at_(at) {
-        std::filesystem::create_directories(at_);
-        const std::string opts = "size=" + std::to_string(bytes) + ",mode=0700";
-        if (::mount("tmpfs", at_.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
-            std::printf("cannot mount a tmpfs on %s (%s): test skipped\n", at_.c_str(),
-                        std::strerror(errno));
-            std::fflush(stdout);
-            std::_Exit(77);
-        }
-    }
-    ~tmpfs() { ::umount2(at_.c_str(), MNT_DETACH); }
-    tmpfs(const tmpfs&) = delete;
-    tmpfs& operator=(const tmpfs&) = delete;
-
-private:
-    std::filesystem::path at_;
-};
 
 }  // namespace
 
@@ -72,11 +52,11 @@ TEST_CASE("--offload params: a path of exactly the free space the check asks for
         const std::size_t figure = streamed_params::disk_bytes_on(c, g, 1, 2, pw, sw, gw);
         REQUIRE(figure % 4096 == 0);
         {
-            tmpfs at(o.paths[1], figure);
+            spillway::test::tmpfs_mount at(o.paths[1], figure);
             CHECK(run(o).size() == 3);
         }
         {
-            tmpfs at(o.paths[1], figure - 4096);
+            spillway::test::tmpfs_mount at(o.paths[1], figure - 4096);
             const std::string m = message_of([&] { (void)run(o); });
             INFO(m);
             CHECK(m.find(o.paths[1].string() + ": ") == 0);
