@@ -5,7 +5,7 @@
 //
 // Rows:
 //  - sgemm_limit: a large fp32 matrix product (M=N=K=2048) through the trainer's own matmul
-//    path (our thread pool over OpenBLAS slices, 2 threads on the development machine): the
+//    path (our thread pool over OpenBLAS slices, on every core): the
 //    FLOP/s ceiling of this machine for the model's arithmetic. Counter flops_per_s.
 //  - path_bandwidth: 1 GiB written and read back through a file tier (O_DIRECT where the
 //    file system allows) in the scratch directory, the path the offloaded state takes in the
@@ -59,8 +59,8 @@
 //    its ascending updates ran under the next forward and its descending ones under
 //    backward): the gain of those overlaps, measured in the same run.
 //  - step/gpt2_124M_shm/all/ranks:1 and step/default_shm/all/ranks:1: the `all` runs with their
-//    paths on /dev/shm, where the bandwidth suffices (the disk of the development machine
-//    moves about 0.25-1 GB/s; a 124M step moves about 2.3 GB); vs_none against `none` runs
+//    paths on /dev/shm, where the bandwidth suffices (a 124M step moves about 2.3 GB, more
+//    than a slow disk moves in the step's compute time); vs_none against `none` runs
 //    of the same model (they touch no path). The bytes really go through file tiers, on a memory file system (on 2
 //    cores its copies take CPU time from the compute, as a disk's DMA would not).
 //  - 2 ranks: `mpirun -np 2` (with --oversubscribe, and --allow-run-as-root as root) on the

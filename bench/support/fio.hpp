@@ -12,8 +12,7 @@
 //
 // Memory: fio's I/O buffers come from malloc, so they are base pages, physically scattered
 // 4 KiB pages. On a virtual disk that caps a request's segments, that alone can cut fio's
-// bandwidth 3-4x (fio rw=rw 1 MiB qd32 moved 0.67 GB/s from base pages and 2.6 GB/s from huge
-// pages, a minute apart, on the development machine). fio_memory::huge_pages runs fio with
+// bandwidth several times (docs/benchmarks.md shows both). fio_memory::huge_pages runs fio with
 // glibc's malloc tunable glibc.malloc.hugetlb=1, under which malloc madvise()s its chunks for
 // transparent huge pages: the memory aligned_buffer gives large buffers by default. Compare
 // like with like: a benchmark's buffers and its fio job use the same kind of pages.
