@@ -5,7 +5,7 @@
 //
 // Rows:
 //  - sgemm_limit: a large fp32 matrix product (M=N=K=2048) through the trainer's own matmul
-//    path (our thread pool over OpenBLAS slices, on every core): the
+//    path (our thread pool over OpenBLAS slices): the
 //    FLOP/s ceiling of this machine for the model's arithmetic. Counter flops_per_s.
 //  - path_bandwidth: 1 GiB written and read back through a file tier (O_DIRECT where the
 //    file system allows) in the scratch directory, the path the offloaded state takes in the
