@@ -16,6 +16,9 @@
 #include <random>
 #include <vector>
 
+#include <thrust/find.h>
+#include <thrust/transform_reduce.h>
+
 #include <spillway/cuda/thrust_optim.hpp>
 #include <spillway/optim/adam.hpp>
 #include <spillway/optim/half.hpp>
