@@ -23,7 +23,9 @@
 ///   number, loss scale and step_hparams, whenever it runs.
 /// - fp32, bf16: a layer is updated in grads_done(), so an inf or NaN gradient cannot skip
 ///   the step (the layers above are already updated): grads_done() throws std::runtime_error
-///   naming the step and the layer, the layer unchanged.
+///   naming the step and the layer. With fp32 gradients the layer is unchanged; with bf16,
+///   narrowed and stepped 1 Mi elements at a time, the pieces before the bad one are applied:
+///   the run cannot go on from that state (resume from a save).
 /// - Tier errors come from the streams and the spill, naming the layer, its key and the tier.
 /// - Not thread-safe: the trainer's thread drives it (the update itself runs on the pool).
 ///
