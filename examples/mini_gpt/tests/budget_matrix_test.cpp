@@ -17,6 +17,15 @@ using namespace mini_gpt::testing;
 
 namespace {
 
+/// ThreadSanitizer maps shadow memory for the memory the program touches, several times its
+/// size, and VmHWM counts it: the peak is then not the program's, and no plan bounds it. The
+/// peak checks run in every other build (release, minimal, asan).
+#if defined(__SANITIZE_THREAD__)
+constexpr bool rss_counts_tsan_shadow = true;
+#else
+constexpr bool rss_counts_tsan_shadow = false;
+#endif
+
 /// Twelve layers whose activations (about 150 MiB, every layer) outweigh the plan's margin,
 /// so that activations left out of the plan show in the peak.
 std::vector<std::string> base_args(const std::filesystem::path& dir,
@@ -90,7 +99,8 @@ std::size_t peak_of(const std::vector<std::string>& args, std::size_t budget,
 
 }  // namespace
 
-TEST_CASE("every flag combination keeps its peak RSS within --memory-budget") {
+TEST_CASE("every flag combination keeps its peak RSS within --memory-budget" *
+          doctest::skip(rss_counts_tsan_shadow)) {
     spillway::test::temp_dir dir("mini_gpt-budget");
     // {--grad-dtype, --act-split, --act-recompute, --act-budget MiB (empty: the default)}:
     // every value of each flag, and each pair of split and budget that keeps layers.
@@ -127,7 +137,7 @@ TEST_CASE(
     args.insert(args.end(), {"--act-split", "0", "--act-budget", "400", "--act-recompute", "off"});
     const std::size_t smallest = named_smallest(args, dir.path());
     for (int run = 0; run < 3; ++run) CHECK(named_smallest(args, dir.path()) == smallest);
-    CHECK(peak_of(args, smallest, dir.path()) <= smallest);
+    if (!rss_counts_tsan_shadow) CHECK(peak_of(args, smallest, dir.path()) <= smallest);
     const outcome below = run_binary(with_budget(args, smallest - 1), dir.path());
     CHECK(below.status == 2);
     CHECK_MESSAGE(below.out.find("the smallest budget that works is " + std::to_string(smallest)) !=
