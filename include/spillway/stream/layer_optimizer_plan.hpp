@@ -30,13 +30,11 @@ namespace spillway {
 /// adds to a memory_request, in order (see the file comment).
 [[nodiscard]] inline std::vector<stream_demand> layer_optimizer_streams(
     std::span<const std::size_t> layer_floats, grad_dtype g) {
-    std::size_t whole_p = 0, whole_s = 0;
-    for (auto n : layer_floats) {
-        whole_p += charge_of(n * sizeof(float));
-        whole_s += charge_of(n * 2 * sizeof(float));
-    }
-    std::vector<stream_demand> out = {{"params", smallest_param_window(layer_floats), whole_p, 4},
-                                      {"m|v", smallest_state_window(layer_floats), whole_s, 8}};
+    std::vector<stream_demand> out = {
+        layer_stream("params", detail::scaled(layer_floats, sizeof(float)), 4,
+                     detail::layer_stream_options(1, "params", false)),
+        layer_stream("m|v", detail::scaled(layer_floats, 2 * sizeof(float)), 8,
+                     detail::layer_stream_options(1, "adam", true))};
     if (g == grad_dtype::fp16) {
         const std::size_t one = smallest_spill_window(layer_floats);
         out.push_back({"fp16 gradients", one, one * layer_floats.size(), 2});
